@@ -1,0 +1,1 @@
+"""GRPO post-training: algorithm, rewards, data, rollout engines, policy backends, weight sync, trainer."""

@@ -1,0 +1,1 @@
+"""Rollout engines: ``torch_engine`` (portable reference), ``sglang_engine`` (GB10 production)."""

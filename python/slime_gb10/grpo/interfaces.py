@@ -1,0 +1,148 @@
+"""The two seams of the trainer: a rollout engine and a policy backend.
+
+The GRPO loop (``slime_gb10.grpo.trainer``) talks to nothing else. The portable
+implementations are PyTorch + ``transformers`` (``engines/torch_engine.py``,
+``backends/torch_backend.py``); on a GB10 the production ones are SGLang
+(``engines/sglang_engine.py``) and Megatron-core + TransformerEngine
+(``backends/megatron_backend.py``).
+
+Weights travel from the backend to the engine as a :class:`slime_gb10.grpo.weight_sync.WeightStream`:
+metadata first, then packed buckets, both built from ONE chunk plan (see that module).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    import torch
+
+    from slime_gb10.grpo.weight_sync import WeightStream
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling parameters, mapped 1:1 onto every engine (SGLang uses the same names)."""
+
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: no top-k
+    stop: tuple[str, ...] = ()  # stop strings; the stop string is kept in the text
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class Generation:
+    """One sampled completion of one prompt."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    # log p(token) under the temperature-scaled distribution (softmax(logits / T), before
+    # top-p/top-k truncation; SGLang's convention), one float per completion token.
+    # The trainer computes its logprobs at the same temperature, so the two can be compared
+    # for truncated importance sampling.
+    completion_logprobs: list[float]
+    text: str
+    finish_reason: Literal["stop", "length"]
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "length"
+
+
+class RolloutEngine(abc.ABC):
+    """Generates completions with per-token logprobs; receives new weights; can hand memory back."""
+
+    @abc.abstractmethod
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        """One :class:`Generation` per prompt, in order. Callers repeat a prompt G times for a group."""
+
+    @abc.abstractmethod
+    def update_weights(self, stream: WeightStream) -> None:
+        """Load weights in place from a chunk stream (``weight_sync.receive`` checks names)."""
+
+    def sleep(self) -> None:  # noqa: B027 - optional hook
+        """Release GPU memory (KV cache, weights if possible) before the training phase."""
+
+    def wake(self) -> None:  # noqa: B027 - optional hook
+        """Take the memory back after training."""
+
+    def health_check(self) -> None:  # noqa: B027 - optional hook
+        """Raise ``RuntimeError`` with a clear message if the engine is dead."""
+
+    def shutdown(self) -> None:  # noqa: B027 - optional hook
+        """Free everything; the engine is unusable afterwards."""
+
+
+@dataclass
+class TokenBatch:
+    """Right-padded prompt+completion token ids for logprob/loss computation.
+
+    ``input_ids[i]`` is prompt ``i`` followed by its completion, padded on the right.
+    ``completion_mask[i, t]`` is 1 where ``input_ids[i, t]`` is a completion token whose
+    logprob enters the loss (0 on the prompt and on padding). The logprob of token ``t``
+    is predicted from position ``t - 1``.
+    """
+
+    input_ids: torch.Tensor  # [B, T] int64
+    attention_mask: torch.Tensor  # [B, T] int64/bool
+    completion_mask: torch.Tensor  # [B, T] float32
+
+
+@dataclass
+class TrainStepResult:
+    """What ``PolicyBackend.train_step`` reports for one optimizer step."""
+
+    loss: float
+    grad_norm: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class PolicyBackend(abc.ABC):
+    """The model being trained: logprobs of given tokens, optimizer steps, weight export."""
+
+    @abc.abstractmethod
+    def logprobs(
+        self, batch: TokenBatch, *, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-token logprobs ``[B, T]`` (0 where ``completion_mask`` is 0) and optionally entropy ``[B, T]``.
+
+        No gradient. Computed in vocabulary chunks (``slime_gb10.grpo.logprobs``): the full
+        ``[tokens, vocab]`` logits are never materialised in FP32.
+        """
+
+    @abc.abstractmethod
+    def train_step(
+        self, microbatches: Sequence[tuple[TokenBatch, dict[str, torch.Tensor]]], loss_fn
+    ) -> TrainStepResult:
+        """Accumulate gradients over ``microbatches`` and take ONE optimizer step.
+
+        ``loss_fn(logprobs, entropy, batch, extras) -> (loss, metrics)`` is called per
+        microbatch with the differentiable logprobs/entropy; ``extras`` carries advantages,
+        old/rollout/reference logprobs etc. The backend scales the losses so the step equals
+        one step on the concatenated minibatch, clips gradients and steps the optimizer.
+        """
+
+    @abc.abstractmethod
+    def export_weights(self, bucket_bytes: int) -> WeightStream:
+        """The current weights, in Hugging Face names, as a chunk stream for ``RolloutEngine.update_weights``."""
+
+    @abc.abstractmethod
+    def state_dict(self) -> dict:
+        """Model + optimizer (+ scheduler) state for checkpoints."""
+
+    @abc.abstractmethod
+    def load_state_dict(self, state: dict) -> None:
+        """Inverse of :meth:`state_dict` (resume)."""
+
+    @abc.abstractmethod
+    def save_pretrained(self, directory: str) -> None:
+        """Write the policy as a Hugging Face model directory (config, tokenizer, safetensors)."""

@@ -1,0 +1,1 @@
+"""NVFP4 exact to NVIDIA's format: reference and Triton kernels, ``NVFP4Linear``, ModelOpt checkpoints."""

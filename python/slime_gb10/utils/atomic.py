@@ -1,0 +1,118 @@
+"""Atomic file output: a reader (or a crash) never sees a half-written file.
+
+Everything the package writes for the user (checkpoints, metrics, exported models,
+benchmark JSON) goes through these helpers: write to a temporary file in the same
+directory, flush and fsync, then ``os.replace`` onto the final name, which POSIX
+guarantees is atomic within one file system.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+
+class OutputPathError(ValueError):
+    """An output path cannot be written; the message says why and what to do."""
+
+
+def ensure_writable_dir(path: str | os.PathLike) -> Path:
+    """Create ``path`` (and parents) if needed and check that files can be created in it.
+
+    Raises :class:`OutputPathError` naming the path and the fix instead of failing later,
+    half-way through a run.
+    """
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputPathError(
+            f"cannot create output directory '{p}': {exc.strerror or exc}. "
+            "Choose a directory you can write to (e.g. --output ./runs/my-run)."
+        ) from exc
+    if not p.is_dir():
+        raise OutputPathError(f"output path '{p}' exists and is not a directory; choose another path.")
+    try:
+        with tempfile.NamedTemporaryFile(dir=p, prefix=".write-test-"):
+            pass
+    except OSError as exc:
+        raise OutputPathError(
+            f"output directory '{p}' is not writable: {exc.strerror or exc}. "
+            "Fix its permissions or choose another directory."
+        ) from exc
+    return p
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
+    """Open a temporary sibling of ``path`` for writing; on success it replaces ``path`` atomically.
+
+    On any exception the temporary file is removed and ``path`` is left as it was.
+    """
+    if "r" in mode or "a" in mode or "+" in mode:
+        raise ValueError(f"atomic_open writes whole files; mode {mode!r} is not supported")
+    target = Path(path)
+    ensure_writable_dir(target.parent)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    with atomic_open(path, "w") as fh:
+        fh.write(text)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    with atomic_open(path, "wb") as fh:
+        fh.write(data)
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
+    """Build a directory under a temporary name; on success it takes ``path``'s place.
+
+    Used for checkpoints and exported models, which are several files that must appear
+    together. An existing ``path`` is replaced only after the new one is complete.
+    """
+    target = Path(path)
+    parent = ensure_writable_dir(target.parent)
+    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f".{target.name}.", suffix=".tmp"))
+    try:
+        yield tmp
+        _fsync_tree(tmp)
+        if target.exists():
+            old = parent / f".{target.name}.old"
+            if old.exists():
+                shutil.rmtree(old)
+            os.replace(target, old)
+            os.replace(tmp, target)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _dirnames, filenames in os.walk(root):
+        for name in filenames:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
