@@ -1,0 +1,400 @@
+"""Rule-based rewards: GSM8K numeric match, boxed-answer math, format, and their combinations.
+
+A reward function is ``RewardFn = Callable[[completion: str, ground_truth: str], float]``.
+
+Reasoning models write a ``<think>...</think>`` trace before the answer; every reward here first
+drops it (:func:`strip_think`), so a number mentioned while thinking never scores. The rules
+(decisions documented once, here):
+
+- ``<think>`` handling: everything up to the LAST ``</think>`` is dropped (covers nested blocks and
+  a chat template that opens ``<think>`` inside the prompt). A ``<think>`` that is never closed
+  means the model ran out of budget while thinking: the completion has NO answer (reward 0).
+- GSM8K answer (:func:`extract_gsm8k_answer`): the FIRST ``#### <number>`` (the GSM8K format; the
+  first, as lm-eval's strict match, because a model that keeps going after its answer tends to
+  invent a follow-up question with its own ``####``); else the last ``\\boxed{...}`` whose content
+  is a number; else the last number in the text.
+- Numbers: ``,`` thousands separators (only in groups of three: ``1,234``), ``$``, a trailing
+  ``.``, ``%`` (dropped: ``50%`` matches ``50``, because GSM8K writes percentage answers as plain
+  numbers), a unicode minus ``−`` are normalised; ``a/b`` is a fraction; values are compared
+  exactly as rationals (:class:`fractions.Fraction`), so ``72.0 == 72``, ``$1,234.00 == 1234``,
+  ``3/4 == 0.75`` and 30-digit integers compare exactly. No words (``seventy-two``), no
+  scientific notation.
+- Boxed math (:func:`boxed_math_reward`): last ``\\boxed{...}`` with balanced braces; LaTeX is
+  normalised (``\\dfrac``/``\\tfrac``/``\\frac``, ``\\left``/``\\right``, spacing commands, ``^\\circ``,
+  ``\\%``, ``\\$``, trailing ``\\text{...}`` units, a leading ``x =``); if both sides then parse as
+  numbers (integers, decimals, fractions, ``\\frac{a}{b}``, a sign) they are compared with a
+  relative tolerance of 1e-6, otherwise the normalised strings must be equal. There is no
+  symbolic algebra (no sympy): ``\\sqrt{2}/2`` and ``\\frac{\\sqrt{2}}{2}`` are different strings.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Callable, Sequence
+from fractions import Fraction
+
+logger = logging.getLogger(__name__)
+
+RewardFn = Callable[[str, str], float]
+
+_THINK_OPEN = "<think>"
+_THINK_CLOSE = "</think>"
+
+
+def strip_think(text: str) -> str | None:
+    """The answer part of a completion: after the last ``</think>``; ``None`` if ``<think>`` is never closed."""
+    close = text.rfind(_THINK_CLOSE)
+    if close >= 0:
+        return text[close + len(_THINK_CLOSE) :]
+    if _THINK_OPEN in text:
+        return None
+    return text
+
+
+# --- numbers -----------------------------------------------------------------------------------
+
+# A number: optional sign (not glued to a preceding word/number, so "5-3" is 5 and 3; and glued to
+# the digits, so "10 - 4" is 10 and 4), optional $, an integer with thousands groups of three or
+# plain digits, optional decimals, optional /denominator; or a bare decimal ".5".
+_NUMBER = (
+    r"(?:(?<![\w.)\]])[-+])?\$?"
+    r"(?:(?:\d{1,3}(?:,\d{3})+(?![\d,])|\d+)(?:\.\d+)?(?:\s?/\s?\d+(?:\.\d+)?)?|\.\d+)"
+)
+_NUMBER_RE = re.compile(_NUMBER)
+_STRICT_RE = re.compile(r"####\s*(" + _NUMBER + r")")
+_FULL_NUMBER_RE = re.compile(r"^\s*(?:" + _NUMBER + r")\s*$")
+
+
+def _normalise_text(text: str) -> str:
+    return text.replace("\u2212", "-").replace("\u2013", "-").replace("\uff0c", ",")
+
+
+def parse_number(text: str) -> Fraction | None:
+    """``Fraction`` of a single number written as text (``"$1,234.00"``, ``"-3/4"``, ``"72."``, ``"50%"``), else None."""
+    s = _normalise_text(text).strip()
+    s = s.rstrip(".").rstrip()
+    s = s.removesuffix("%").removesuffix("\\%").rstrip()
+    if not s or not _FULL_NUMBER_RE.match(s):
+        return None
+    s = s.replace("$", "").replace(",", "").replace(" ", "")
+    sign = 1
+    if s[0] in "+-":
+        sign = -1 if s[0] == "-" else 1
+        s = s[1:]
+    try:
+        if "/" in s:
+            num, den = s.split("/")
+            if Fraction(den) == 0:
+                return None
+            return sign * Fraction(num) / Fraction(den)
+        return sign * Fraction(s)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def format_number(value: Fraction) -> str:
+    """Canonical text of a rational: ``72``, ``-5``, ``0.75``; ``p/q`` when the decimal does not terminate."""
+    if value.denominator == 1:
+        return str(value.numerator)
+    den = value.denominator
+    for p in (2, 5):
+        while den % p == 0:
+            den //= p
+    if den != 1:
+        return f"{value.numerator}/{value.denominator}"
+    digits = 0
+    scaled = value
+    while scaled.denominator != 1:
+        scaled *= 10
+        digits += 1
+    sign = "-" if scaled < 0 else ""
+    mag = str(abs(scaled.numerator)).rjust(digits + 1, "0")
+    return f"{sign}{mag[:-digits]}.{mag[-digits:]}"
+
+
+def _numbers_in(text: str) -> list[str]:
+    return [m.group(0) for m in _NUMBER_RE.finditer(_normalise_text(text))]
+
+
+# --- boxed answers -----------------------------------------------------------------------------
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) with balanced nested braces, else None.
+
+    ``\\boxed 5`` (no braces) yields ``5``. An unbalanced last box yields None.
+    """
+    starts = [m for m in re.finditer(r"\\(?:boxed|fbox)\s*(\{|\s+)", text)]
+    for m in reversed(starts):
+        if m.group(1) != "{":
+            token = re.match(r"\S+", text[m.end() :])
+            return token.group(0).rstrip("$.") if token else None
+        depth = 1
+        for i in range(m.end(), len(text)):
+            ch = text[i]
+            if ch == "{":
+                depth += 1
+            elif ch == "}":
+                depth -= 1
+                if depth == 0:
+                    return text[m.end() : i]
+        return None
+    return None
+
+
+def _replace_frac(s: str) -> str:
+    """``\\frac{a}{b}`` -> ``(a)/(b)`` (nested braces), ``\\frac12`` -> ``(1)/(2)``."""
+    out = []
+    i = 0
+    while True:
+        j = s.find("\\frac", i)
+        if j < 0:
+            out.append(s[i:])
+            return "".join(out)
+        out.append(s[i:j])
+        k = j + len("\\frac")
+        args = []
+        for _ in range(2):
+            while k < len(s) and s[k] == " ":
+                k += 1
+            if k < len(s) and s[k] == "{":
+                depth, start = 1, k + 1
+                k += 1
+                while k < len(s) and depth:
+                    depth += {"{": 1, "}": -1}.get(s[k], 0)
+                    k += 1
+                args.append(_replace_frac(s[start : k - 1]))
+            elif k < len(s):
+                args.append(s[k])
+                k += 1
+        if len(args) != 2:
+            out.append(s[j:])
+            return "".join(out)
+        out.append(f"({args[0]})/({args[1]})")
+        i = k
+
+
+def normalize_math_answer(answer: str) -> str:
+    """Normalise a LaTeX final answer for string comparison (see the module docstring for the rules)."""
+    s = _normalise_text(answer).strip()
+    inner = last_boxed(s)
+    if inner is not None:
+        s = inner
+    s = s.strip().strip("$").strip()
+    # \text{...}: the whole answer in \text{} keeps its content; trailing unit text is dropped.
+    whole_text = re.fullmatch(r"\\(?:text|textbf|mbox|mathrm)\{([^{}]*)\}", s)
+    if whole_text:
+        s = whole_text.group(1)
+    else:
+        s = re.sub(r"(?:\s*\\(?:text|mbox|mathrm)\{\s*[^{}]*\})+\s*$", "", s)
+    for cmd in ("\\left", "\\right", "\\!", "\\,", "\\;", "\\:", "\\ ", "\\displaystyle"):
+        s = s.replace(cmd, "")
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    s = re.sub(r"\^\s*\{?\s*\\circ\s*\}?", "", s)
+    s = s.replace("\\circ", "").replace("°", "")
+    s = s.replace("\\%", "").replace("%", "").replace("\\$", "").replace("$", "")
+    s = _replace_frac(s)
+    s = re.sub(r"^[a-zA-Z]\s*=\s*", "", s)  # "x = 5" -> "5"
+    s = s.replace(" ", "")
+    s = s.rstrip(".")
+    # "(3)/(4)" -> "3/4" when both parts are plain numbers
+    s = re.sub(r"\((-?[\d.]+)\)/\((-?[\d.]+)\)", r"\1/\2", s)
+    return s
+
+
+def _parse_math_number(normalised: str) -> Fraction | None:
+    s = normalised
+    m = re.fullmatch(r"(-?)\((.+)\)", s)
+    if m and "(" not in m.group(2):
+        s = m.group(1) + m.group(2)
+    if s.startswith("-(") and s.endswith(")"):
+        s = "-" + s[2:-1]
+    return parse_number(s)
+
+
+# --- reward functions --------------------------------------------------------------------------
+
+
+def extract_gsm8k_answer(text: str) -> str | None:
+    """The model's final numeric answer as canonical text (``"1234"``, ``"-5"``, ``"0.75"``), or None.
+
+    Order: first strict ``#### <n>``, else last ``\\boxed{}`` holding a number, else the last
+    number; all after dropping ``<think>...</think>``.
+    """
+    answer_part = strip_think(text)
+    if answer_part is None:
+        return None
+    answer_part = _normalise_text(answer_part)
+    strict = _STRICT_RE.search(answer_part)
+    if strict:
+        value = parse_number(strict.group(1))
+        if value is not None:
+            return format_number(value)
+    boxed = last_boxed(answer_part)
+    if boxed is not None:
+        value = _parse_math_number(normalize_math_answer(boxed))
+        if value is not None:
+            return format_number(value)
+    for candidate in reversed(_numbers_in(answer_part)):
+        value = parse_number(candidate)
+        if value is not None:
+            return format_number(value)
+    return None
+
+
+def _ground_truth_number(ground_truth: str) -> Fraction | None:
+    gt = ground_truth.strip()
+    if "####" in gt:  # a full GSM8K solution was passed as the ground truth
+        gt = gt.rsplit("####", 1)[1]
+    return parse_number(gt)
+
+
+def gsm8k_reward(completion: str, ground_truth: str) -> float:
+    """1.0 if the completion's final number (:func:`extract_gsm8k_answer`) equals ``ground_truth`` exactly, else 0.0.
+
+    ``ground_truth`` is a number (``"72"``, ``"1,234"``, ``"-3"``) or a full GSM8K solution ending
+    in ``#### n``. A ground truth that is not a number is compared as stripped text.
+    """
+    predicted = extract_gsm8k_answer(completion)
+    if predicted is None:
+        return 0.0
+    expected = _ground_truth_number(ground_truth)
+    if expected is None:
+        return float(predicted == ground_truth.strip())
+    value = parse_number(predicted)
+    return float(value is not None and value == expected)
+
+
+def arithmetic_reward(completion: str, ground_truth: str) -> float:
+    """Reward of the procedural arithmetic task (``slime_gb10.grpo.data.ArithmeticTask``): GSM8K-style numeric match."""
+    return gsm8k_reward(completion, ground_truth)
+
+
+def boxed_math_reward(completion: str, ground_truth: str, rel_tol: float = 1e-6) -> float:
+    """1.0 if the last ``\\boxed{...}`` of the completion matches ``ground_truth``, else 0.0.
+
+    Both sides go through :func:`normalize_math_answer`; when both parse as numbers they are
+    compared with ``|a - b| <= rel_tol * max(|a|, |b|)`` (exact rational arithmetic), otherwise as
+    normalised strings. ``ground_truth`` may itself be wrapped in ``\\boxed{}``. No box: 0.0.
+    """
+    answer_part = strip_think(completion)
+    if answer_part is None:
+        return 0.0
+    boxed = last_boxed(answer_part)
+    if boxed is None:
+        return 0.0
+    predicted = normalize_math_answer(boxed)
+    expected = normalize_math_answer(ground_truth)
+    if not predicted:
+        return 0.0
+    a, b = _parse_math_number(predicted), _parse_math_number(expected)
+    if a is not None and b is not None:
+        return float(abs(a - b) <= Fraction(rel_tol) * max(abs(a), abs(b)))
+    return float(predicted == expected)
+
+
+DEFAULT_FORMAT_PATTERN = r"####\s*\$?\s*[-+\u2212]?\s*\$?\s*\.?\d|\\boxed\s*\{"
+
+
+def format_reward(
+    completion: str, ground_truth: str = "", pattern: str | re.Pattern = DEFAULT_FORMAT_PATTERN
+) -> float:
+    """1.0 if the answer part (after ``</think>``) contains ``pattern`` (default: ``#### <number>`` or ``\\boxed{``).
+
+    ``ground_truth`` is ignored (the signature matches :data:`RewardFn`). An unclosed ``<think>``
+    scores 0.0.
+    """
+    answer_part = strip_think(completion)
+    if answer_part is None:
+        return 0.0
+    regex = pattern if isinstance(pattern, re.Pattern) else re.compile(pattern)
+    return float(regex.search(answer_part) is not None)
+
+
+def combine_rewards(functions: Sequence[tuple[RewardFn, float]]) -> RewardFn:
+    """Weighted sum ``sum_k w_k * f_k(completion, ground_truth)`` as one :data:`RewardFn`."""
+    parts = list(functions)
+    if not parts:
+        raise ValueError("combine_rewards needs at least one (reward_fn, weight) pair")
+
+    def combined(completion: str, ground_truth: str) -> float:
+        return float(sum(weight * fn(completion, ground_truth) for fn, weight in parts))
+
+    combined.__name__ = "+".join(f"{weight:g}*{getattr(fn, '__name__', 'reward')}" for fn, weight in parts)
+    return combined
+
+
+_warned: set[str] = set()
+
+
+def safe_rewards(
+    fn: RewardFn, completions: Sequence[str], ground_truths: Sequence[str]
+) -> tuple[list[float], int]:
+    """Score every sample; a reward that raises or returns a non-finite value scores 0.0 and is counted.
+
+    Returns ``(rewards, num_failures)``. The first failure of each reward function (by name) in
+    this process is logged as a warning with the exception; the run never stops because of a
+    reward. A length mismatch between the two lists is a caller bug and raises ``ValueError``.
+    """
+    if len(completions) != len(ground_truths):
+        raise ValueError(f"{len(completions)} completions but {len(ground_truths)} ground truths")
+    name = getattr(fn, "__name__", repr(fn))
+    rewards: list[float] = []
+    failures = 0
+    for i, (completion, truth) in enumerate(zip(completions, ground_truths)):
+        try:
+            value = float(fn(completion, truth))
+            if not math.isfinite(value):
+                raise ValueError(f"reward returned a non-finite value {value}")
+        except Exception as exc:
+            failures += 1
+            rewards.append(0.0)
+            if name not in _warned:
+                _warned.add(name)
+                logger.warning(
+                    "reward %s failed on sample %d (scored 0; further failures are only counted): %r",
+                    name,
+                    i,
+                    exc,
+                )
+            continue
+        rewards.append(value)
+    return rewards, failures
+
+
+REWARDS: dict[str, RewardFn] = {
+    "gsm8k": gsm8k_reward,
+    "boxed_math": boxed_math_reward,
+    "format": format_reward,
+    "arithmetic": arithmetic_reward,
+}
+
+
+def get_reward(name_or_spec: str) -> RewardFn:
+    """A reward by name (``"gsm8k"``) or a weighted sum spec (``"gsm8k:1.0,format:0.1"``)."""
+    spec = name_or_spec.strip()
+    if not spec:
+        raise ValueError(f"empty reward spec; choose from {', '.join(REWARDS)} (e.g. 'gsm8k:1.0,format:0.1')")
+    parts: list[tuple[RewardFn, float]] = []
+    for item in spec.split(","):
+        name, _, weight_text = item.strip().partition(":")
+        name = name.strip()
+        if name not in REWARDS:
+            raise ValueError(
+                f"unknown reward {name!r} in {name_or_spec!r}; choose from {', '.join(REWARDS)} "
+                "(a weighted sum is written 'gsm8k:1.0,format:0.1')"
+            )
+        try:
+            weight = float(weight_text) if weight_text.strip() else 1.0
+        except ValueError:
+            raise ValueError(
+                f"reward weight {weight_text!r} of {name!r} in {name_or_spec!r} is not a number"
+            ) from None
+        if not math.isfinite(weight):
+            raise ValueError(f"reward weight of {name!r} must be finite, got {weight_text!r}")
+        parts.append((REWARDS[name], weight))
+    if len(parts) == 1 and parts[0][1] == 1.0:
+        return parts[0][0]
+    return combine_rewards(parts)
