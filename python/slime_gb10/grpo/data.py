@@ -1,0 +1,507 @@
+"""Prompt data for GRPO: local JSONL/Parquet datasets, a procedural arithmetic task, batching, chat templates.
+
+- :func:`load_prompt_dataset` reads a local ``.jsonl`` / ``.json`` / ``.parquet`` file in the GSM8K
+  layout (``question`` / ``answer`` with the final number after ``####``) or a generic
+  ``prompt`` / ``ground_truth`` layout; column names are configurable.
+- :class:`ArithmeticTask` generates unlimited, seeded arithmetic questions of graded difficulty
+  (difficulty 0 is single-digit addition, ``What is 3 + 4?``), so a run needs no download.
+- :class:`PromptSampler` yields batches over epochs with a seeded shuffle and resumes exactly
+  from its ``state_dict``.
+- :func:`format_prompt` applies the tokenizer's chat template (or a plain fallback).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+DEFAULT_INSTRUCTION = "Put the final answer after ####."
+
+
+class DatasetError(Exception):
+    """A dataset cannot be used; the message names the file, the problem and the fix."""
+
+
+class DatasetNotFoundError(DatasetError, FileNotFoundError):
+    """The dataset path does not exist."""
+
+
+@dataclass(frozen=True)
+class PromptExample:
+    """One prompt: the question text (before chat templating), its ground truth, a stable id."""
+
+    prompt: str
+    ground_truth: str
+    id: str
+
+
+# --- files -------------------------------------------------------------------------------------
+
+_GSM8K_KEYS = ("question", "answer")
+_GENERIC_KEYS = ("prompt", "ground_truth")
+
+
+def gsm8k_final_answer(answer: str) -> str | None:
+    """The text after the last ``####`` of a GSM8K solution with ``,`` and ``$`` removed (``"1,234"`` -> ``"1234"``)."""
+    if "####" not in answer:
+        return None
+    final = answer.rsplit("####", 1)[1].strip().replace(",", "").replace("$", "").strip()
+    return final or None
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    records = []
+    with path.open("r", encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DatasetError(
+                    f"{path}:{line_no}: invalid JSON ({exc.msg} at column {exc.colno})"
+                ) from None
+            if not isinstance(record, dict):
+                raise DatasetError(
+                    f"{path}:{line_no}: each line must be a JSON object, got {type(record).__name__}"
+                )
+            records.append(record)
+    return records
+
+
+def _read_json(path: Path) -> list[dict[str, Any]]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DatasetError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+    if isinstance(data, dict):  # {"data": [...]} or a single split
+        lists = [v for v in data.values() if isinstance(v, list)]
+        if len(lists) != 1:
+            raise DatasetError(f"{path}: expected a JSON list of records (or one key holding that list)")
+        data = lists[0]
+    if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+        raise DatasetError(f"{path}: expected a JSON list of objects")
+    return data
+
+
+def _read_parquet(path: Path) -> list[dict[str, Any]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DatasetError(
+            f"{path}: reading Parquet needs pyarrow, which is not installed: pip install pyarrow "
+            "(or convert the file to JSONL)"
+        ) from None
+    try:
+        return pq.read_table(path).to_pylist()
+    except Exception as exc:  # pyarrow raises its own ArrowInvalid etc.
+        raise DatasetError(f"{path}: not a readable Parquet file ({exc})") from None
+
+
+_READERS = {".jsonl": _read_jsonl, ".ndjson": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet}
+
+
+def _columns(records: list[dict[str, Any]]) -> list[str]:
+    seen: dict[str, None] = {}
+    for r in records[:100]:
+        seen.update(dict.fromkeys(r))
+    return list(seen)
+
+
+def load_prompt_dataset(
+    path: str | Path,
+    *,
+    prompt_key: str | None = None,
+    answer_key: str | None = None,
+    layout: Literal["auto", "gsm8k", "generic"] = "auto",
+    limit: int | None = None,
+) -> list[PromptExample]:
+    """Read prompts and ground truths from a local ``.jsonl`` / ``.json`` / ``.parquet`` file.
+
+    Layouts:
+
+    - ``"gsm8k"``: columns ``question`` / ``answer`` (override with ``prompt_key`` / ``answer_key``);
+      the ground truth is the text after ``####`` in the answer, with ``,`` and ``$`` removed.
+    - ``"generic"``: columns ``prompt`` / ``ground_truth`` (overridable); the ground truth is used as is.
+    - ``"auto"``: ``gsm8k`` if the file has ``question`` and ``answer`` (or the given columns and
+      every answer contains ``####``), ``generic`` if it has ``prompt`` and ``ground_truth`` (or the
+      given columns).
+
+    An ``id`` column is used as the example id when present, else ``"<file stem>-<row>"``.
+    Raises :class:`DatasetError` (:class:`DatasetNotFoundError` for a missing path) naming the
+    problem: unknown extension, malformed JSON (with the line number), missing columns (listing
+    the columns found and the options to set), empty dataset, a GSM8K answer without ``####``.
+    Parquet needs ``pyarrow`` (optional dependency).
+    """
+    p = Path(path)
+    if not p.exists():
+        raise DatasetNotFoundError(
+            f"dataset file '{p}' does not exist; pass the path of a local .jsonl or .parquet file"
+        )
+    if p.is_dir():
+        raise DatasetError(
+            f"dataset path '{p}' is a directory; pass a .jsonl, .json or .parquet file inside it"
+        )
+    reader = _READERS.get(p.suffix.lower())
+    if reader is None:
+        raise DatasetError(
+            f"dataset file '{p}' has an unsupported extension {p.suffix!r}; use one of {', '.join(_READERS)}"
+        )
+    if layout not in ("auto", "gsm8k", "generic"):
+        raise DatasetError(f"unknown dataset layout {layout!r}; choose auto, gsm8k or generic")
+    records = reader(p)
+    if limit is not None:
+        if limit <= 0:
+            raise DatasetError(f"limit must be positive, got {limit}")
+        records = records[:limit]
+    if not records:
+        raise DatasetError(f"dataset file '{p}' has no records")
+
+    columns = _columns(records)
+    if layout == "auto":
+        if prompt_key is None and answer_key is None:
+            if all(k in columns for k in _GSM8K_KEYS):
+                layout = "gsm8k"
+            elif all(k in columns for k in _GENERIC_KEYS):
+                layout = "generic"
+        else:
+            a_key = answer_key or ("answer" if "answer" in columns else "ground_truth")
+            answers = [r.get(a_key) for r in records]
+            is_gsm8k = all(isinstance(a, str) and "####" in a for a in answers)
+            layout = "gsm8k" if is_gsm8k else "generic"
+    if layout == "auto":
+        raise DatasetError(
+            f"dataset file '{p}' has columns {columns}: neither the GSM8K layout (question, answer) nor the "
+            "generic layout (prompt, ground_truth). Name the columns with prompt_key=/answer_key= "
+            "(CLI: --prompt-key / --answer-key)."
+        )
+    default_prompt, default_answer = _GSM8K_KEYS if layout == "gsm8k" else _GENERIC_KEYS
+    p_key = prompt_key or default_prompt
+    a_key = answer_key or default_answer
+    missing = [k for k in (p_key, a_key) if k not in columns]
+    if missing:
+        raise DatasetError(
+            f"dataset file '{p}' has no column(s) {missing}; columns found: {columns}. "
+            "Set the column names with prompt_key=/answer_key= (CLI: --prompt-key / --answer-key)."
+        )
+
+    examples = []
+    for row, record in enumerate(records):
+        where = f"{p}: record {row + 1}"
+        if p_key not in record or a_key not in record:
+            raise DatasetError(f"{where} lacks column {p_key!r} or {a_key!r} (it has {list(record)})")
+        prompt = record[p_key]
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise DatasetError(f"{where}: column {p_key!r} must be a non-empty string, got {prompt!r:.80}")
+        answer = record[a_key]
+        if layout == "gsm8k":
+            truth = gsm8k_final_answer(answer) if isinstance(answer, str) else None
+            if truth is None:
+                raise DatasetError(
+                    f"{where}: GSM8K answer {answer!r:.80} has no '#### <answer>' line; use layout='generic' "
+                    "if the column already holds the final answer"
+                )
+        else:
+            if answer is None or (isinstance(answer, str) and not answer.strip()):
+                raise DatasetError(f"{where}: empty ground truth in column {a_key!r}")
+            truth = answer.strip() if isinstance(answer, str) else json.dumps(answer)
+        example_id = str(record["id"]) if record.get("id") is not None else f"{p.stem}-{row}"
+        examples.append(PromptExample(prompt=prompt, ground_truth=truth, id=example_id))
+    return examples
+
+
+def split_train_eval(
+    examples: Sequence[PromptExample],
+    *,
+    eval_fraction: float = 0.1,
+    eval_size: int | None = None,
+    seed: int = 0,
+) -> tuple[list[PromptExample], list[PromptExample]]:
+    """Deterministic train/eval split: ``eval_size`` examples (else ``round(eval_fraction * n)``, at least 1).
+
+    The eval examples are picked by a seeded shuffle; both parts keep the original order.
+    """
+    n = len(examples)
+    if eval_size is None:
+        if not 0.0 <= eval_fraction < 1.0:
+            raise ValueError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
+        eval_size = 0 if eval_fraction == 0 else max(1, round(eval_fraction * n))
+    if eval_size < 0 or eval_size >= n:
+        raise ValueError(
+            f"eval_size {eval_size} must be in [0, {n}) for {n} examples (training needs at least one)"
+        )
+    order = list(range(n))
+    random.Random(f"split:{seed}").shuffle(order)
+    eval_idx = set(order[:eval_size])
+    train = [e for i, e in enumerate(examples) if i not in eval_idx]
+    evals = [e for i, e in enumerate(examples) if i in eval_idx]
+    return train, evals
+
+
+# --- procedural arithmetic ---------------------------------------------------------------------
+
+_OP_FUNCS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+
+
+def evaluate_expression(operands: Sequence[int], ops: Sequence[str]) -> int:
+    """Integer value of ``operands[0] ops[0] operands[1] ...`` with ``*`` before ``+``/``-``."""
+    if len(operands) != len(ops) + 1:
+        raise ValueError("need one more operand than operators")
+    terms = [operands[0]]
+    signs: list[str] = []
+    for op, value in zip(ops, operands[1:]):
+        if op == "*":
+            terms[-1] = terms[-1] * value
+        else:
+            signs.append(op)
+            terms.append(value)
+    total = terms[0]
+    for op, value in zip(signs, terms[1:]):
+        total = _OP_FUNCS[op](total, value)
+    return total
+
+
+class ArithmeticTask:
+    """Unlimited seeded arithmetic questions of graded difficulty (no download needed).
+
+    ``difficulty`` ``d`` in ``[0, 1]`` picks a level ``round(d * L)`` out of ``L`` steps, where each
+    step adds one of: an operator (in the order of ``ops``), a digit per operand (from
+    ``min_digits`` to ``max_digits``), an operand (from 2 to ``max_operands``), taken round-robin in
+    that order while each has room. With the defaults (``+ - *``, 1-3 digits, up to 3 operands,
+    ``L = 5``): level 0 ``3 + 4``; 1 ``7 - 9``; 2 ``42 - 17``; 3 ``42 + 17 - 80``;
+    4 ``42 * 17 - 80``; 5 three-digit operands.
+
+    So ``d = 0`` gives single-digit additions (``What is 3 + 4?``) that a 135M instruct model gets
+    right some of the time, and reward can rise in a short run. The schedule ramps ``d`` linearly
+    from ``difficulty`` to ``max_difficulty`` over the first ``ramp_examples`` questions
+    (``ramp_examples=0``: constant ``difficulty``).
+
+    Question ``i`` depends only on ``(seed, i)``: :meth:`sample` is deterministic given the seed
+    and the position, whatever the batch sizes; :meth:`state_dict` holds the position for resume.
+    :meth:`eval_set` draws from a disjoint random stream (``"eval"`` namespace), so eval questions
+    are not the training stream replayed (at low difficulty the question space is small, so
+    individual questions can still coincide).
+    """
+
+    def __init__(
+        self,
+        seed: int = 0,
+        min_digits: int = 1,
+        max_digits: int = 3,
+        ops: Sequence[str] = ("+", "-", "*"),
+        *,
+        difficulty: float = 0.0,
+        max_difficulty: float = 1.0,
+        ramp_examples: int = 0,
+        max_operands: int = 3,
+    ) -> None:
+        if not 1 <= min_digits <= max_digits:
+            raise ValueError(f"need 1 <= min_digits <= max_digits, got {min_digits}, {max_digits}")
+        unknown = [op for op in ops if op not in _OP_FUNCS]
+        if not ops or unknown:
+            raise ValueError(f"ops must be a non-empty subset of {list(_OP_FUNCS)}, got {list(ops)}")
+        if not (0.0 <= difficulty <= 1.0 and 0.0 <= max_difficulty <= 1.0):
+            raise ValueError("difficulty and max_difficulty must be in [0, 1]")
+        if ramp_examples < 0 or max_operands < 2:
+            raise ValueError("ramp_examples must be >= 0 and max_operands >= 2")
+        self.seed = seed
+        self.min_digits = min_digits
+        self.max_digits = max_digits
+        self.ops = tuple(ops)
+        self.difficulty = difficulty
+        self.max_difficulty = max_difficulty
+        self.ramp_examples = ramp_examples
+        self.max_operands = max_operands
+        self.position = 0
+
+    def difficulty_at(self, position: int) -> float:
+        """The scheduled difficulty of question number ``position``."""
+        if self.ramp_examples == 0:
+            return self.difficulty
+        progress = min(1.0, position / self.ramp_examples)
+        return self.difficulty + (self.max_difficulty - self.difficulty) * progress
+
+    @property
+    def num_levels(self) -> int:
+        """``L``: the number of difficulty steps above level 0."""
+        return (len(self.ops) - 1) + (self.max_digits - self.min_digits) + (self.max_operands - 2)
+
+    def level_shape(self, difficulty: float) -> tuple[int, int, int]:
+        """``(digits per operand, number of allowed ops, number of operands)`` at ``difficulty``."""
+        d = min(max(difficulty, 0.0), 1.0)
+        budget = int(d * self.num_levels + 0.5)  # round half up
+        num_ops, digits, num_operands = 1, self.min_digits, 2
+        while budget > 0:
+            if num_ops < len(self.ops) and budget > 0:
+                num_ops += 1
+                budget -= 1
+            if digits < self.max_digits and budget > 0:
+                digits += 1
+                budget -= 1
+            if num_operands < self.max_operands and budget > 0:
+                num_operands += 1
+                budget -= 1
+        return digits, num_ops, num_operands
+
+    def make_example(self, rng: random.Random, difficulty: float, example_id: str) -> PromptExample:
+        """One question at ``difficulty`` from ``rng``."""
+        digits, num_ops, num_operands = self.level_shape(difficulty)
+        low = 0 if digits == 1 else 10 ** (digits - 1)
+        operands = [rng.randint(low, 10**digits - 1) for _ in range(num_operands)]
+        ops = [rng.choice(self.ops[:num_ops]) for _ in range(num_operands - 1)]
+        expression = " ".join([str(operands[0])] + [f"{op} {value}" for op, value in zip(ops, operands[1:])])
+        answer = evaluate_expression(operands, ops)
+        return PromptExample(prompt=f"What is {expression}?", ground_truth=str(answer), id=example_id)
+
+    def example_at(self, position: int) -> PromptExample:
+        """Training question number ``position`` (pure function of seed and position)."""
+        rng = random.Random(f"arith:{self.seed}:{position}")
+        return self.make_example(rng, self.difficulty_at(position), f"arith-{self.seed}-{position}")
+
+    def sample(self, n: int) -> list[PromptExample]:
+        """The next ``n`` training questions; advances the position."""
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        out = [self.example_at(self.position + i) for i in range(n)]
+        self.position += n
+        return out
+
+    def eval_set(self, n: int, difficulty: float | None = None) -> list[PromptExample]:
+        """``n`` fixed eval questions at ``difficulty`` (default: the starting difficulty), disjoint stream."""
+        d = self.difficulty if difficulty is None else difficulty
+        return [
+            self.make_example(random.Random(f"arith-eval:{self.seed}:{i}"), d, f"arith-eval-{self.seed}-{i}")
+            for i in range(n)
+        ]
+
+    def state_dict(self) -> dict[str, int]:
+        return {"seed": self.seed, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("seed") != self.seed:
+            raise ValueError(
+                f"arithmetic task state was saved with seed {state.get('seed')}, this task has seed {self.seed}; "
+                "resume with the same seed"
+            )
+        self.position = int(state["position"])
+
+
+# --- batching ----------------------------------------------------------------------------------
+
+
+class PromptSampler:
+    """Batches of prompts, forever: epochs over a list with a seeded shuffle, or draws from a task.
+
+    For a list, epoch ``e`` visits the examples in the order of ``random.Random(f"{seed}:{e}")``'s
+    shuffle; a batch that crosses the end of an epoch continues into the next one. The state
+    (epoch, position in the epoch) restores the exact stream, mid-epoch included.
+    """
+
+    def __init__(
+        self, examples_or_task: Sequence[PromptExample] | ArithmeticTask, batch_size: int, seed: int = 0
+    ):
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self.batch_size = batch_size
+        self.seed = seed
+        self.task: ArithmeticTask | None = None
+        self.examples: list[PromptExample] = []
+        if isinstance(examples_or_task, ArithmeticTask):
+            self.task = examples_or_task
+        else:
+            self.examples = list(examples_or_task)
+            if not self.examples:
+                raise ValueError("PromptSampler needs at least one example")
+        self.epoch = 0
+        self.index = 0  # position inside the current epoch's order
+        self._order: list[int] | None = None
+
+    def _epoch_order(self) -> list[int]:
+        if self._order is None:
+            order = list(range(len(self.examples)))
+            random.Random(f"{self.seed}:{self.epoch}").shuffle(order)
+            self._order = order
+        return self._order
+
+    def next_batch(self) -> list[PromptExample]:
+        """The next ``batch_size`` prompts."""
+        if self.task is not None:
+            return self.task.sample(self.batch_size)
+        batch = []
+        while len(batch) < self.batch_size:
+            order = self._epoch_order()
+            take = min(self.batch_size - len(batch), len(order) - self.index)
+            batch.extend(self.examples[i] for i in order[self.index : self.index + take])
+            self.index += take
+            if self.index == len(order):
+                self.epoch += 1
+                self.index = 0
+                self._order = None
+        return batch
+
+    def __iter__(self) -> Iterator[list[PromptExample]]:
+        return self
+
+    def __next__(self) -> list[PromptExample]:
+        return self.next_batch()
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.task is not None:
+            return {"kind": "task", "task": self.task.state_dict()}
+        return {
+            "kind": "examples",
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "index": self.index,
+            "num_examples": len(self.examples),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        kind = "task" if self.task is not None else "examples"
+        if state.get("kind") != kind:
+            raise ValueError(
+                f"sampler state is for {state.get('kind')!r} data, this sampler draws from {kind!r}"
+            )
+        if self.task is not None:
+            self.task.load_state_dict(state["task"])
+            return
+        if state["num_examples"] != len(self.examples) or state["seed"] != self.seed:
+            raise ValueError(
+                f"sampler state was saved for {state['num_examples']} examples with seed {state['seed']}, "
+                f"this sampler has {len(self.examples)} with seed {self.seed}; resume with the same data and seed"
+            )
+        self.epoch = int(state["epoch"])
+        self.index = int(state["index"])
+        self._order = None
+
+
+# --- chat templates ----------------------------------------------------------------------------
+
+
+def format_prompt(
+    tokenizer: Any,
+    question: str,
+    system_prompt: str | None = None,
+    instruction: str | None = DEFAULT_INSTRUCTION,
+) -> str:
+    """The text the model sees: the question (+ ``instruction``) through the tokenizer's chat template.
+
+    With a chat template: ``tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+    tokenize=False)`` with an optional system message. Without one (base models, or
+    ``tokenizer=None``): ``"{system}\\n\\nQuestion: {question}\\n{instruction}\\nAnswer:"``.
+    """
+    content = question.strip()
+    if instruction:
+        content = f"{content}\n{instruction}"
+    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+        messages = []
+        if system_prompt:
+            messages.append({"role": "system", "content": system_prompt})
+        messages.append({"role": "user", "content": content})
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    prefix = f"{system_prompt}\n\n" if system_prompt else ""
+    return f"{prefix}Question: {content}\nAnswer:"
