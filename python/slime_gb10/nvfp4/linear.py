@@ -1,0 +1,408 @@
+"""``NVFP4Linear``: a drop-in ``nn.Linear`` with NVFP4 weights and four backends.
+
+* ``te``: TransformerEngine's NVFP4 recipe (Blackwell, sm_100+/sm_120+, TE installed); on sm_12x
+  the Random Hadamard Transform is disabled and the weight-gradient GEMM stays BF16 (TE #2372).
+* ``w4a16``: packed NVFP4 weights (4.5 bits/param), forward through the fused dequantize+GEMM
+  Triton kernel on any CUDA GPU; for large M (where the fused kernel loses) it dequantizes and
+  calls cuBLAS by itself. Inference only (no weight gradient).
+* ``qat``: high-precision master weights, fake-quantized in the forward (optionally the input
+  too) with a straight-through estimator; trains on any device.
+* ``reference``: packed weights, dequantize then ``torch.matmul``: CPU, and the tests' oracle.
+
+Packed backends keep ModelOpt's tensor names (``weight`` uint8, ``weight_scale`` E4M3,
+``weight_scale_2`` FP32, ``input_scale`` FP32), so a state dict is a ModelOpt NVFP4 checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+from collections.abc import Iterable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from slime_gb10.nvfp4.format import (
+    BLOCK_SIZE,
+    GLOBAL_SCALE_DIVISOR,
+    NVFP4Tensor,
+    dequantize,
+    quantize,
+)
+
+BACKENDS = ("te", "w4a16", "qat", "reference")
+PACKED_BACKENDS = ("w4a16", "reference")
+MASTER_WEIGHT_BACKENDS = ("te", "qat")
+
+#: Modules ``quantize_model`` leaves alone unless ``exclude`` is given: the output head
+#: (often tied to the embeddings, and the most quantization-sensitive layer) and embeddings.
+DEFAULT_EXCLUDE = ("lm_head", "*lm_head", "*embed*", "*wte", "*wpe")
+
+
+# ---------------------------------------------------------------------------------------------
+# fake quantization with a straight-through estimator
+
+
+class _FakeQuantizeSTE(torch.autograd.Function):
+    """Forward: ``dequantize(quantize(x))``; backward: identity (straight-through estimator,
+    Bengio et al. 2013; as in NVIDIA's NVFP4 QAT). Amax-based scales never saturate, so no
+    gradient clipping is needed for weights."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, global_scale: torch.Tensor | None) -> torch.Tensor:
+        return dequantize(quantize(x, global_scale), dtype=x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        return grad_output, None
+
+
+def fake_quantize(x: torch.Tensor, global_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """NVFP4 round trip of ``x`` whose gradient is the identity (STE)."""
+    return _FakeQuantizeSTE.apply(x, global_scale)
+
+
+# ---------------------------------------------------------------------------------------------
+# backend selection
+
+
+def is_blackwell(device: torch.device | None = None) -> bool:
+    """sm_100+ (data-center Blackwell) or sm_120+ (GB10 is sm_121): TE's NVFP4 needs one."""
+    if not torch.cuda.is_available():
+        return False
+    major, _ = torch.cuda.get_device_capability(device)
+    return major >= 10
+
+
+def te_available() -> bool:
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def default_backend(device: torch.device | str | None = None) -> str:
+    """``te`` on Blackwell with TE, else ``w4a16`` on CUDA with Triton, else ``reference``."""
+    device = torch.device(device) if device is not None else None
+    on_cuda = torch.cuda.is_available() and (device is None or device.type == "cuda")
+    if on_cuda and is_blackwell(device) and te_available():
+        return "te"
+    if on_cuda:
+        from slime_gb10.nvfp4 import kernels
+
+        if kernels.triton_available():
+            return "w4a16"
+    return "reference"
+
+
+def _check_backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown NVFP4Linear backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    return backend
+
+
+# ---------------------------------------------------------------------------------------------
+# the module
+
+
+class NVFP4Linear(nn.Module):
+    """``y = x @ W^T + b`` with ``W`` in NVFP4. See the module docstring for the backends.
+
+    Construct it from a trained layer with :meth:`from_linear`; :meth:`to_linear` goes back.
+    ``input_amax`` records the largest ``|x|`` seen while :func:`calibration` is active; the
+    checkpoint's ``input_scale`` is ``input_amax / (6 * 448)``.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        *,
+        backend: str | None = None,
+        quantize_activations: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.bfloat16,
+    ) -> None:
+        super().__init__()
+        if in_features % BLOCK_SIZE != 0:
+            raise ValueError(
+                f"NVFP4Linear needs in_features to be a multiple of {BLOCK_SIZE}, got {in_features}; "
+                "leave this layer in BF16 (quantize_model skips it by itself)"
+            )
+        self.in_features = in_features
+        self.out_features = out_features
+        self.dtype = dtype
+        self.quantize_activations = quantize_activations
+        self.backend = _check_backend(backend or default_backend(device))
+        self.calibrating = False
+        self.register_buffer("input_amax", torch.zeros((), dtype=torch.float32, device=device))
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device))
+        else:
+            self.register_parameter("bias", None)
+        if self.backend in PACKED_BACKENDS:
+            self._init_packed(device)
+        else:
+            weight = torch.empty(out_features, in_features, dtype=dtype, device=device)
+            nn.init.kaiming_uniform_(weight, a=5**0.5)
+            self.weight = nn.Parameter(weight)
+            self._te_module = None
+
+    # -- state layouts ------------------------------------------------------------------------
+
+    def _init_packed(self, device) -> None:
+        n, k = self.out_features, self.in_features
+        self.register_buffer("weight", torch.zeros(n, k // 2, dtype=torch.uint8, device=device))
+        self.register_buffer(
+            "weight_scale", torch.zeros(n, k // BLOCK_SIZE, dtype=torch.float8_e4m3fn, device=device)
+        )
+        self.register_buffer("weight_scale_2", torch.ones((), dtype=torch.float32, device=device))
+        self.register_buffer("input_scale", torch.ones((), dtype=torch.float32, device=device))
+        self._te_module = None
+
+    @property
+    def packed(self) -> bool:
+        return self.backend in PACKED_BACKENDS
+
+    def quantized_weight(self) -> NVFP4Tensor:
+        """The weight as an :class:`NVFP4Tensor` (quantizing the master weight if there is one)."""
+        if self.packed:
+            shape = torch.Size((self.out_features, self.in_features))
+            return NVFP4Tensor(self.weight, self.weight_scale, self.weight_scale_2, shape, self.dtype)
+        return quantize(self.weight.detach())
+
+    def set_quantized_weight(self, q: NVFP4Tensor) -> None:
+        """Store ``q`` as this layer's weight (packed backends only)."""
+        if not self.packed:
+            raise ValueError(f"set_quantized_weight needs a packed backend, this layer uses {self.backend!r}")
+        if tuple(q.shape) != (self.out_features, self.in_features):
+            raise ValueError(
+                f"weight of shape {tuple(q.shape)} does not fit a {self.in_features}->{self.out_features} layer"
+            )
+        self.weight = q.data.to(self.weight.device)
+        self.weight_scale = q.scale.to(self.weight.device)
+        self.weight_scale_2 = q.global_scale.to(torch.float32).reshape(()).to(self.weight.device)
+
+    def dequantized_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """What the layer multiplies by: the NVFP4 weight rounded to ``dtype``."""
+        return dequantize(self.quantized_weight(), dtype=dtype or self.dtype)
+
+    def set_backend(self, backend: str) -> NVFP4Linear:
+        """Switch backend, converting the state (packed <-> master weight) when needed."""
+        backend = _check_backend(backend)
+        if (backend in PACKED_BACKENDS) != self.packed:
+            if self.packed:  # packed -> master weight: start from the dequantized NVFP4 values
+                weight = self.dequantized_weight()
+                for name in ("weight", "weight_scale", "weight_scale_2", "input_scale"):
+                    delattr(self, name)
+                self.weight = nn.Parameter(weight)
+            else:  # master weight -> packed
+                q = quantize(self.weight.detach())
+                device = self.weight.device
+                del self.weight
+                self._init_packed(device)
+                self.backend = backend
+                self.set_quantized_weight(q)
+        self.backend = backend
+        self._te_module = None
+        return self
+
+    # -- conversions ----------------------------------------------------------------------------
+
+    @classmethod
+    def from_linear(
+        cls,
+        linear: nn.Linear,
+        *,
+        backend: str | None = None,
+        global_scale: float | torch.Tensor | None = None,
+        quantize_activations: bool = False,
+    ) -> NVFP4Linear:
+        """Quantize an ``nn.Linear`` (weight amax -> ``weight_scale_2`` unless ``global_scale`` is given)."""
+        weight = linear.weight.detach()
+        layer = cls(
+            linear.in_features,
+            linear.out_features,
+            bias=linear.bias is not None,
+            backend=backend or default_backend(weight.device),
+            quantize_activations=quantize_activations,
+            device=weight.device,
+            dtype=weight.dtype
+            if weight.dtype in (torch.bfloat16, torch.float16, torch.float32)
+            else torch.bfloat16,
+        )
+        with torch.no_grad():
+            if layer.packed:
+                layer.set_quantized_weight(quantize(weight, global_scale))
+            else:
+                layer.weight.copy_(weight.to(layer.dtype))
+            if linear.bias is not None:
+                layer.bias.copy_(linear.bias.detach().to(layer.dtype))
+        return layer
+
+    def to_linear(self) -> nn.Linear:
+        """An ``nn.Linear`` holding the dequantized weight (the master weight for ``qat``/``te``)."""
+        device = self.bias.device if self.bias is not None else self.input_amax.device
+        linear = nn.Linear(
+            self.in_features, self.out_features, bias=self.bias is not None, device=device, dtype=self.dtype
+        )
+        with torch.no_grad():
+            weight = self.dequantized_weight() if self.packed else self.weight.detach()
+            linear.weight.copy_(weight)
+            if self.bias is not None:
+                linear.bias.copy_(self.bias.detach())
+        return linear
+
+    # -- forward --------------------------------------------------------------------------------
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"NVFP4Linear expects input [..., {self.in_features}], got {tuple(x.shape)}")
+        if self.calibrating:
+            with torch.no_grad():
+                self.input_amax.copy_(torch.maximum(self.input_amax, x.detach().abs().amax().float()))
+        if self.backend == "reference":
+            return self._forward_reference(x)
+        if self.backend == "w4a16":
+            return self._forward_w4a16(x)
+        if self.backend == "qat":
+            return self._forward_qat(x)
+        return self._forward_te(x)
+
+    def _bias(self, dtype: torch.dtype) -> torch.Tensor | None:
+        return None if self.bias is None else self.bias.to(dtype)
+
+    def _maybe_quantize_input(self, x: torch.Tensor) -> torch.Tensor:
+        return fake_quantize(x) if self.quantize_activations else x
+
+    def _forward_reference(self, x: torch.Tensor) -> torch.Tensor:
+        x = self._maybe_quantize_input(x)
+        return F.linear(x, self.dequantized_weight(x.dtype), self._bias(x.dtype))
+
+    def _forward_w4a16(self, x: torch.Tensor) -> torch.Tensor:
+        from slime_gb10.nvfp4 import kernels
+
+        if not (x.is_cuda and kernels.triton_available()):
+            return self._forward_reference(x)
+        x = self._maybe_quantize_input(x)
+        return kernels.w4a16_linear(x, self.quantized_weight(), self._bias(x.dtype))
+
+    def _forward_qat(self, x: torch.Tensor) -> torch.Tensor:
+        x = self._maybe_quantize_input(x)
+        weight = fake_quantize(self.weight.to(x.dtype))
+        return F.linear(x, weight, self._bias(x.dtype))
+
+    def _forward_te(self, x: torch.Tensor) -> torch.Tensor:
+        from slime_gb10.nvfp4 import te_backend
+
+        return te_backend.forward(self, x)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, backend={self.backend}, "
+            f"quantize_activations={self.quantize_activations}"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# whole models
+
+
+def _matches(name: str, patterns: Iterable[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) or name.split(".")[-1] == p for p in patterns)
+
+
+#: Sibling projections that SGLang/vLLM fuse into one GEMM (qkv, gate_up): they must share one
+#: ``weight_scale_2`` because the fused layer uses a single one (SGLang takes the max).
+FUSED_SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("w1", "w3"))
+
+
+def fused_groups(names: Iterable[str]) -> list[list[str]]:
+    """Group module names that SGLang/vLLM fuse (``...q_proj``/``k_proj``/``v_proj`` of one parent)."""
+    names = list(names)
+    groups: list[list[str]] = []
+    for siblings in FUSED_SIBLINGS:
+        parents: dict[str, list[str]] = {}
+        for name in names:
+            parent, _, leaf = name.rpartition(".")
+            if leaf in siblings:
+                parents.setdefault(parent, []).append(name)
+        groups.extend(sorted(g) for g in parents.values() if len(g) > 1)
+    return groups
+
+
+def quantize_model(
+    model: nn.Module,
+    *,
+    include: Iterable[str] | None = None,
+    exclude: Iterable[str] | None = None,
+    backend: str | None = None,
+    quantize_activations: bool = False,
+    share_fused_scales: bool = True,
+) -> list[str]:
+    """Replace the model's ``nn.Linear`` layers by :class:`NVFP4Linear` in place.
+
+    ``include``/``exclude`` are ``fnmatch`` patterns on qualified module names (a bare leaf name
+    also matches, e.g. ``"lm_head"``); ``exclude`` defaults to :data:`DEFAULT_EXCLUDE`. Layers whose
+    ``in_features`` is not a multiple of 16 stay as they are. With ``share_fused_scales``, sibling
+    projections that inference engines fuse (q/k/v, gate/up) get one shared global scale.
+    Returns the names of the replaced modules.
+    """
+    exclude = tuple(DEFAULT_EXCLUDE if exclude is None else exclude)
+    include = tuple(include) if include is not None else None
+    chosen: dict[str, nn.Linear] = {}
+    for name, module in model.named_modules():
+        if type(module) is not nn.Linear:
+            continue
+        if include is not None and not _matches(name, include):
+            continue
+        if _matches(name, exclude) or module.in_features % BLOCK_SIZE != 0:
+            continue
+        chosen[name] = module
+
+    global_scales: dict[str, torch.Tensor] = {}
+    if share_fused_scales:
+        for group in fused_groups(chosen):
+            amax = torch.stack([chosen[n].weight.detach().abs().amax().float().cpu() for n in group]).max()
+            if amax > 0:
+                for n in group:
+                    global_scales[n] = amax / GLOBAL_SCALE_DIVISOR
+
+    for name, module in chosen.items():
+        layer = NVFP4Linear.from_linear(
+            module,
+            backend=backend,
+            global_scale=global_scales.get(name),
+            quantize_activations=quantize_activations,
+        )
+        parent_name, _, leaf = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, leaf, layer)
+    return list(chosen)
+
+
+def nvfp4_layers(model: nn.Module) -> Iterator[tuple[str, NVFP4Linear]]:
+    for name, module in model.named_modules():
+        if isinstance(module, NVFP4Linear):
+            yield name, module
+
+
+@contextlib.contextmanager
+def calibration(model: nn.Module) -> Iterator[nn.Module]:
+    """Record each :class:`NVFP4Linear`'s input amax while active (for the checkpoint's ``input_scale``).
+
+    >>> with calibration(model):
+    ...     model(batch)
+    """
+    layers = [layer for _, layer in nvfp4_layers(model)]
+    for layer in layers:
+        layer.calibrating = True
+    try:
+        yield model
+    finally:
+        for layer in layers:
+            layer.calibrating = False

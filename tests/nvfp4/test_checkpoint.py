@@ -1,0 +1,175 @@
+"""ModelOpt NVFP4 Hugging Face checkpoints: layout SGLang's ModelOpt NVFP4 loader expects, bit-exact round trip."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from slime_gb10.nvfp4 import (
+    CheckpointError,
+    NVFP4Linear,
+    calibration,
+    export_nvfp4,
+    load_nvfp4,
+    quantize_model,
+)
+from slime_gb10.nvfp4.linear import nvfp4_layers
+
+
+def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        torch_dtype="bfloat16",
+    )
+    return LlamaForCausalLM(config).to(torch.bfloat16).eval()
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    model = tiny_llama()
+    quantize_model(model)
+    ids = torch.randint(0, 256, (2, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), calibration(model):
+        logits = model(ids).logits
+    out = tmp_path_factory.mktemp("ckpt") / "tiny-nvfp4"
+    export_nvfp4(model, out)
+    return model, out, ids, logits
+
+
+def _tensors(path):
+    with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+
+
+def test_layout_matches_the_modelopt_nvfp4_linear_method(exported):
+    model, out, _, _ = exported
+    tensors = _tensors(out)
+    name = "model.layers.0.mlp.down_proj"  # in 128 -> out 64
+    assert tensors[f"{name}.weight"].dtype == torch.uint8 and tensors[f"{name}.weight"].shape == (64, 64)
+    assert tensors[f"{name}.weight_scale"].dtype == torch.float8_e4m3fn
+    assert tensors[f"{name}.weight_scale"].shape == (64, 128 // 16)
+    for key in ("weight_scale_2", "input_scale"):
+        assert tensors[f"{name}.{key}"].dtype == torch.float32 and tensors[f"{name}.{key}"].shape == ()
+    # calibrated input scale = input amax / (6 * 448)
+    layer = model.get_submodule(name)
+    assert float(tensors[f"{name}.input_scale"]) == pytest.approx(float(layer.input_amax) / 2688, rel=1e-6)
+    # unquantized modules in BF16
+    assert tensors["lm_head.weight"].dtype == torch.bfloat16 and tensors["lm_head.weight"].shape == (256, 64)
+    assert tensors["model.embed_tokens.weight"].dtype == torch.bfloat16
+    assert tensors["model.norm.weight"].dtype == torch.bfloat16
+    n_quantized = sum(k.endswith(".weight_scale") for k in tensors)
+    assert n_quantized == 14
+
+
+def test_fused_siblings_share_weight_scale_2_and_input_scale(exported):
+    _, out, _, _ = exported
+    tensors = _tensors(out)
+    for layer in range(2):
+        for group in (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")):
+            sub = "self_attn" if group[0] == "q_proj" else "mlp"
+            for key in ("weight_scale_2", "input_scale"):
+                values = {float(tensors[f"model.layers.{layer}.{sub}.{p}.{key}"]) for p in group}
+                assert len(values) == 1, (layer, group, key, values)
+
+
+def test_quantization_configs(exported):
+    _, out, _, _ = exported
+    config = json.loads((out / "config.json").read_text())
+    qc = config["quantization_config"]
+    # what SGLang's ModelOptFp4Config.from_config reads from the flat (config.json) form
+    assert qc["quant_method"] == "modelopt" and qc["quant_algo"] == "NVFP4" and qc["group_size"] == 16
+    assert qc["ignore"] == ["lm_head"] and qc["exclude_modules"] == ["lm_head"]
+    assert config["model_type"] == "llama" and config["hidden_size"] == 64
+    legacy = json.loads((out / "hf_quant_config.json").read_text())
+    assert legacy["quantization"]["quant_algo"] == "NVFP4" and legacy["quantization"]["group_size"] == 16
+    assert legacy["quantization"]["exclude_modules"] == ["lm_head"]
+
+
+def test_round_trip_is_bit_exact(exported):
+    model, out, ids, logits = exported
+    fresh = tiny_llama(seed=123)
+    load_nvfp4(fresh, out)
+    layers = dict(nvfp4_layers(fresh))
+    assert set(layers) == {name for name, _ in nvfp4_layers(model)}
+    original = model.state_dict()
+    for key, tensor in fresh.state_dict().items():
+        if key.endswith("input_amax"):
+            continue
+        ref = original[key]
+        if tensor.dtype == torch.float8_e4m3fn:
+            tensor, ref = tensor.view(torch.uint8), ref.view(torch.uint8)
+        if key.endswith("input_scale"):  # calibrated at export (fused siblings share the max)
+            assert float(tensor) >= float(original[key.replace("input_scale", "input_amax")]) / 2688 * (
+                1 - 1e-6
+            )
+            continue
+        assert torch.equal(tensor, ref), key
+    with torch.no_grad():
+        assert torch.equal(fresh(ids).logits, logits)
+    # re-export of the loaded model gives the same bytes
+    again = out.parent / "again"
+    export_nvfp4(fresh, again)
+    first, second = _tensors(out), _tensors(again)
+    assert first.keys() == second.keys()
+    for key in first:
+        a, b = first[key], second[key]
+        if a.dtype == torch.float8_e4m3fn:
+            a, b = a.view(torch.uint8), b.view(torch.uint8)
+        assert torch.equal(a, b), key
+
+
+def test_export_needs_nvfp4_layers(tmp_path):
+    with pytest.raises(CheckpointError, match="quantize_model"):
+        export_nvfp4(nn.Sequential(nn.Linear(16, 16)), tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+
+
+def test_load_rejects_a_directory_without_quantization_config(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="quantization config"):
+        load_nvfp4(tiny_llama(), tmp_path)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_nvfp4(tiny_llama(), tmp_path / "missing")
+
+
+def test_failed_export_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    model = nn.Sequential(nn.Linear(32, 32))
+    quantize_model(model, exclude=())
+    target = tmp_path / "ckpt"
+    export_nvfp4(model, target)
+    before = (target / "model.safetensors").read_bytes()
+
+    import slime_gb10.nvfp4.checkpoint as checkpoint
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(checkpoint, "save_file", broken)
+    with pytest.raises(OSError, match="disk full"):
+        export_nvfp4(model, target)
+    assert (target / "model.safetensors").read_bytes() == before
+
+
+def test_unfused_export_of_a_plain_module(tmp_path):
+    # BF16 (the checkpoint stores biases and unquantized tensors in BF16)
+    model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 16, bias=False)).to(torch.bfloat16)
+    quantize_model(model, exclude=())
+    assert all(isinstance(m, NVFP4Linear) for m in (model[0], model[2]))
+    export_nvfp4(model, tmp_path / "mlp")
+    fresh = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 16, bias=False)).to(torch.bfloat16)
+    load_nvfp4(fresh, tmp_path / "mlp")
+    x = torch.randn(4, 32, dtype=torch.bfloat16)
+    assert torch.equal(fresh(x), model(x))
