@@ -1,0 +1,63 @@
+# The slime-gb10 overlay (nixpkgs style: final/prev, callPackage, overridePythonAttrs).
+#
+#   * CUDA 13 for the whole closure (blockers 1-3): torch, triton's ptxas, sgl-kernel and
+#     TransformerEngine all see the same `cudaPackages`;
+#   * the aarch64 SBSA fix for that CUDA set (cuda_compat off, as graham33/nixos-dgx-spark does);
+#   * the GB10 builds of sglang-kernel and transformer-engine, megatron-core, slime-gb10
+#     (nix/python-overlay.nix);
+#   * the user-facing environment `slime-gb10-env` (nix/packages/slime-gb10-env.nix).
+#
+# Arguments: `gb10` (nix/gb10.nix), `src` (the repository root, for our own package) and
+# `nix-gl-host` (the flake input's source tree; null disables the non-NixOS driver helper).
+{
+  gb10,
+  src,
+  nix-gl-host ? null,
+}:
+final: prev:
+let
+  inherit (prev) lib;
+  system = prev.stdenv.hostPlatform.system;
+  profile = gb10.profileFor system;
+in
+{
+  # Blockers 1 + 2: one CUDA 13 package set for everything (CUDA 12.x ptxas has no sm_121a,
+  # cu12 wheels need libnvrtc.so.12 / libcudart.so.12). nixpkgs: pkgs/top-level/cuda-packages.nix.
+  cudaPackages = prev.${gb10.cuda.packageSet};
+
+  # aarch64 (linux-sbsa): drop cuda_compat from the CUDA package set. graham33/nixos-dgx-spark
+  # (overlays/fixes.nix at the same nixpkgs pin) does this because cuda_compat has no usable
+  # linux-sbsa source there; GB10 runs the host driver's own libcuda, never the compat one.
+  _cuda = prev._cuda.extend (
+    _: prevAttrs: {
+      extensions =
+        prevAttrs.extensions
+        ++ lib.optionals (system == "aarch64-linux") [ (_: _: { cuda_compat = null; }) ];
+    }
+  );
+
+  # Blocker 10 fallback: the shim header, used only when the CUDA set has no cuda_profiler_api.
+  cuda-profiler-api-shim = final.callPackage ./packages/cuda-profiler-api-shim.nix {
+    header = ../patches/cuda_profiler_api.h;
+  };
+
+  # What TransformerEngine gets as cudaPackages.cuda_profiler_api: the CUDA component when the
+  # pinned set has it (13.2 does, x86_64 and sbsa), else the shim.
+  cuda-profiler-api-for-te =
+    if final.cudaPackages ? cuda_profiler_api && final.cudaPackages.cuda_profiler_api != null then
+      final.cudaPackages.cuda_profiler_api
+    else
+      final.cuda-profiler-api-shim;
+
+  pythonPackagesExtensions = prev.pythonPackagesExtensions ++ [
+    (import ./python-overlay.nix {
+      inherit gb10 profile src;
+      pkgs = final;
+    })
+  ];
+
+  # The non-NixOS driver helper (numtide/nix-gl-host, pinned in flake.lock).
+  nixglhost = if nix-gl-host == null then null else import (nix-gl-host + "/default.nix") { pkgs = final; };
+
+  slime-gb10-env = final.callPackage ./packages/slime-gb10-env.nix { inherit gb10; };
+}

@@ -1,0 +1,59 @@
+# overridePythonAttrs function for nixpkgs' python3Packages.transformer-engine.
+#
+# Blocker 6: cuDNN is nixpkgs' full redistributable (not the runtime-only libs of the NGC image);
+#            preBuild fails loudly if libcudnn_engines_precompiled is missing.
+# Blocker 7: NVTX3 headers: cudaPackages.cuda_nvtx is already a buildInput in nixpkgs; its include
+#            dir is also put on CPATH so nvcc's host preprocessing sees nvtx3/nvToolsExt.h whatever
+#            TE's CMake does with the split CUDA layout.
+# Blocker 8: NVTE_CUDA_ARCHS with the family targets ("120f;121f" on GB10).
+# Blocker 9: CMake >= 4 parses the `f` suffix (asserted at evaluation time);
+#            CMAKE_POLICY_VERSION_MINIMUM=3.5 for the vendored sub-projects.
+# Blocker 10: cuda_profiler_api.h from cudaPackages.cuda_profiler_api, else the shim
+#            (`profilerApi`, chosen in overlay.nix; its include dir is also on CPATH here).
+{
+  lib,
+  gb10,
+  profile,
+  cudaPackages,
+  cmake,
+  profilerApi,
+}:
+let
+  archs =
+    if profile.sglKernelGb10Only then
+      gb10.nvteCudaArchs profile.familyCapabilities # "120f;121f"
+    else
+      lib.concatStringsSep ";" ([ "90" ] ++ map gb10.familyTarget profile.familyCapabilities);
+
+  cudnnLib = lib.getLib cudaPackages.cudnn;
+in
+assert lib.assertMsg (lib.versionAtLeast cmake.version "4.0")
+  "transformer-engine for GB10 needs CMake >= 4.0 for the '${archs}' family targets; this nixpkgs has ${cmake.version}";
+old: {
+  env = (old.env or { }) // {
+    NVTE_CUDA_ARCHS = archs;
+    CMAKE_POLICY_VERSION_MINIMUM = "3.5";
+    CPATH = lib.concatStringsSep ":" [
+      "${lib.getInclude cudaPackages.cuda_nvtx}/include"
+      "${lib.getInclude profilerApi}/include"
+    ];
+  };
+
+  preBuild = (old.preBuild or "") + ''
+    if ! ls ${cudnnLib}/lib/libcudnn_engines_precompiled.so* >/dev/null 2>&1; then
+      echo "transformer-engine: ${cudnnLib}/lib has no libcudnn_engines_precompiled (blocker 6)" >&2
+      exit 1
+    fi
+    if [ "''${NVTE_BUILD_MAX_JOBS:-$NIX_BUILD_CORES}" -gt ${toString profile.transformerEngineJobs} ]; then
+      export NVTE_BUILD_MAX_JOBS=${toString profile.transformerEngineJobs}
+    fi
+    echo "transformer-engine: NVTE_CUDA_ARCHS=$NVTE_CUDA_ARCHS, jobs ''${NVTE_BUILD_MAX_JOBS:-$NIX_BUILD_CORES}"
+  '';
+
+  passthru = (old.passthru or { }) // {
+    gb10 = {
+      nvteCudaArchs = archs;
+      inherit profilerApi;
+    };
+  };
+}

@@ -1,0 +1,51 @@
+# Python package-set extension (pkgs.pythonPackagesExtensions): the GB10 builds.
+#
+#   sglang-kernel      patches/sgl-kernel-gb10-only.patch + SGL_KERNEL_GB10_ONLY, capped parallelism
+#   transformer-engine NVTE_CUDA_ARCHS family targets, CMake >= 4, NVTX3 + cuda_profiler_api headers,
+#                      full cuDNN checked for the precompiled engines, PyTorch only
+#   megatron-core      not in nixpkgs: from its PyPI sdist
+#   slime-gb10         this repository's python/ package
+{
+  gb10,
+  profile,
+  src,
+  pkgs,
+}:
+pyFinal: pyPrev:
+let
+  inherit (pkgs) lib cudaPackages;
+
+  # Keep only the arguments a package's function really takes, so the overrides work across the
+  # nixpkgs versions of a package (e.g. transformer-engine 2.10 has no withJax, 2.18 does).
+  overrideKnown = drv: args: drv.override (lib.intersectAttrs (lib.functionArgs drv.override) args);
+in
+{
+  sglang-kernel = pyPrev.sglang-kernel.overridePythonAttrs (
+    import ./packages/sglang-kernel-gb10.nix { inherit lib gb10 profile; }
+  );
+
+  transformer-engine =
+    (overrideKnown pyPrev.transformer-engine {
+      cudaPackages = cudaPackages // {
+        cuda_profiler_api = pkgs.cuda-profiler-api-for-te;
+      };
+      withJax = false; # we only need the PyTorch extension
+      withPytorch = true;
+    }).overridePythonAttrs
+      (
+        import ./packages/transformer-engine-gb10.nix {
+          inherit
+            lib
+            gb10
+            profile
+            cudaPackages
+            ;
+          inherit (pkgs) cmake;
+          profilerApi = pkgs.cuda-profiler-api-for-te;
+        }
+      );
+
+  megatron-core = pyFinal.callPackage ./packages/megatron-core.nix { };
+
+  slime-gb10 = pyFinal.callPackage ./packages/slime-gb10.nix { inherit src; };
+}
