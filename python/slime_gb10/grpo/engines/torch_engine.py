@@ -1,0 +1,266 @@
+"""The portable rollout engine: batched sampling with a KV cache on PyTorch + ``transformers``.
+
+Not ``model.generate``: a small decode loop over the HF model that (1) left-pads the prompts of a
+batch (sorted by length, so similar lengths share a batch), (2) runs the prefill keeping only the
+last position's logits, (3) samples each next token with the exponential-race trick
+(``argmax(p / q)``, ``q ~ Exp(1)``: an exact categorical sample with no CPU sync) and records
+its logprob under ``softmax(logits / T)`` on the fly, so no ``[steps, batch, vocab]`` score
+tensors are kept, and (4) stops as soon as every row has finished.
+
+The engine holds its own copy of the weights (BF16 on a GPU), refreshed from the trainer through
+``update_weights`` (a :mod:`slime_gb10.grpo.weight_sync` stream), exactly like SGLang would be.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import torch
+
+from slime_gb10.grpo.interfaces import Generation, RolloutEngine, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+def filter_logits(logits: torch.Tensor, top_k: int = -1, top_p: float = 1.0) -> torch.Tensor:
+    """Set logits outside the top-k / nucleus (top-p) set to -inf (Holtzman et al. 2020)."""
+    if top_k is not None and 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, sorted_idx = torch.sort(logits, dim=-1, descending=True)
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        # drop a token when the mass BEFORE it already reaches top_p (the first token is always kept)
+        drop_sorted = (cumulative - sorted_logits.softmax(dim=-1)) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, sorted_idx, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def sample_next_token(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row and its logprob under ``softmax(logits / T)`` (before top-k/top-p).
+
+    Greedy (``T == 0``) takes the argmax and reports the logprob under ``softmax(logits)``.
+    """
+    logits = logits.float()
+    if params.greedy:
+        tokens = logits.argmax(dim=-1)
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+        return tokens, logprobs
+    scaled = logits / params.temperature
+    logprobs_all = torch.log_softmax(scaled, dim=-1)
+    filtered = filter_logits(scaled, params.top_k, params.top_p)
+    probs = torch.softmax(filtered, dim=-1)
+    # Exponential race: argmax_i p_i / q_i with q_i ~ Exp(1) is distributed as Categorical(p).
+    q = torch.empty_like(probs).exponential_(1.0, generator=generator)
+    tokens = (probs / q).argmax(dim=-1)
+    return tokens, logprobs_all.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+class TorchRolloutEngine(RolloutEngine):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        device: torch.device | str,
+        *,
+        eos_token_ids: Sequence[int],
+        generation_batch_size: int | None = None,
+    ):
+        self.model = model.eval().requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self.eos_token_ids = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=self.device)
+        self.pad_token_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(eos_token_ids[0])
+        )
+        self.generation_batch_size = generation_batch_size
+        self._params = dict(self.model.named_parameters())
+
+    # ---------------------------------------------------------------- generation
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        if not prompts:
+            return []
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(int(params.seed))
+        # Sorting by length makes batches of similar lengths (less padding); results go back in order.
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        batch_size = self.generation_batch_size or len(prompts)
+        results: list[Generation | None] = [None] * len(prompts)
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            for i, gen in zip(idx, self._generate_batch([list(prompts[i]) for i in idx], params, generator)):
+                results[i] = gen
+        return results  # type: ignore[return-value]
+
+    @torch.inference_mode()
+    def _generate_batch(
+        self, prompts: list[list[int]], params: SamplingParams, generator: torch.Generator | None
+    ) -> list[Generation]:
+        from transformers import DynamicCache
+
+        device, batch = self.device, len(prompts)
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((batch, width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):  # left padding
+            input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            attention_mask[row, width - len(prompt) :] = 1
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        next_position = attention_mask.sum(-1, keepdim=True)
+
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        finished = torch.zeros(batch, dtype=torch.bool, device=device)
+        tokens: list[torch.Tensor] = []
+        logprobs: list[torch.Tensor] = []
+        stop_hit = [False] * batch
+        for step in range(params.max_new_tokens):
+            token, logprob = sample_next_token(out.logits[:, -1, :], params, generator)
+            token = torch.where(finished, torch.full_like(token, self.pad_token_id), token)
+            tokens.append(token)
+            logprobs.append(logprob)
+            finished = finished | torch.isin(token, self.eos_token_ids)
+            if params.stop:
+                finished = finished | self._stop_strings_hit(tokens, finished, params.stop, stop_hit)
+            if step == params.max_new_tokens - 1:
+                break
+            # one host sync every few steps to stop early once every row is done
+            if step % 4 == 3 and bool(finished.all()):
+                break
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((batch, 1))], dim=1)
+            out = self.model(
+                input_ids=token[:, None],
+                attention_mask=attention_mask,
+                position_ids=next_position,
+                past_key_values=out.past_key_values,
+                use_cache=True,
+            )
+            next_position = next_position + 1
+
+        token_rows = torch.stack(tokens, dim=1).cpu().tolist()
+        logprob_rows = torch.stack(logprobs, dim=1).float().cpu().tolist()
+        eos = set(self.eos_token_ids.tolist())
+        generations = []
+        for row in range(batch):
+            completion, row_logprobs, reason = [], [], "length"
+            for tok, lp in zip(token_rows[row], logprob_rows[row]):
+                completion.append(tok)
+                row_logprobs.append(lp)
+                if tok in eos:
+                    reason = "stop"
+                    break
+            text = self.tokenizer.decode(completion, skip_special_tokens=True)
+            if stop_hit[row]:
+                reason = "stop"
+                completion, row_logprobs, text = self._cut_at_stop(completion, row_logprobs, params.stop)
+            generations.append(
+                Generation(
+                    prompt_ids=list(prompts[row]),
+                    completion_ids=completion,
+                    completion_logprobs=row_logprobs,
+                    text=text,
+                    finish_reason=reason,
+                )
+            )
+        return generations
+
+    def _stop_strings_hit(self, tokens, finished, stops, stop_hit) -> torch.Tensor:
+        """Rows whose recent text contains a stop string (checked on the host; only when stops are given)."""
+        recent = torch.stack(tokens[-8:], dim=1).cpu().tolist()
+        done = finished.cpu().tolist()
+        hit = [False] * len(recent)
+        for row, ids in enumerate(recent):
+            if done[row] or stop_hit[row]:
+                continue
+            tail = self.tokenizer.decode(ids, skip_special_tokens=True)
+            if any(s in tail for s in stops):
+                hit[row] = stop_hit[row] = True
+        return torch.tensor(hit, dtype=torch.bool, device=finished.device)
+
+    def _cut_at_stop(self, completion, logprobs, stops):
+        """Shortest prefix whose text contains a stop string (the stop string is kept)."""
+        for n in range(1, len(completion) + 1):
+            text = self.tokenizer.decode(completion[:n], skip_special_tokens=True)
+            if any(s in text for s in stops):
+                return completion[:n], logprobs[:n], text
+        return completion, logprobs, self.tokenizer.decode(completion, skip_special_tokens=True)
+
+    # ---------------------------------------------------------------- weights & memory
+    @torch.no_grad()
+    def update_weights(self, stream) -> None:
+        from slime_gb10.grpo.weight_sync import receive
+
+        seen = set()
+        for name, tensor in receive(stream, device=self.device):
+            param = self._params.get(name)
+            if param is None:
+                raise KeyError(
+                    f"weight '{name}' from the trainer has no parameter in the rollout engine's model"
+                )
+            if tuple(param.shape) != tuple(tensor.shape):
+                raise ValueError(
+                    f"weight '{name}': trainer shape {tuple(tensor.shape)} != engine {tuple(param.shape)}"
+                )
+            param.copy_(tensor)
+            seen.add(name)
+        missing = set(self._params) - seen
+        if missing:
+            raise KeyError(
+                f"the weight stream did not carry {len(missing)} parameters, e.g. {sorted(missing)[:3]}"
+            )
+
+    def sleep(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def health_check(self) -> None:
+        if self.model is None:
+            raise RuntimeError("the torch rollout engine was shut down")
+
+    def shutdown(self) -> None:
+        self.model = None
+        self._params = {}
+
+
+def engine_dtype(config, device: torch.device) -> torch.dtype:
+    """BF16 weights for rollouts on a GPU (unless precision is float32); FP32 on a CPU."""
+    if device.type == "cuda" and config.model.precision != "float32":
+        return torch.bfloat16
+    return torch.float32
+
+
+def build_engine(config, tokenizer, device) -> TorchRolloutEngine:
+    """Registry entry point: the engine loads its own copy of the model (weights synced by the trainer)."""
+    from slime_gb10.grpo.models import eos_token_ids, load_causal_lm, resolve_model_path
+
+    device = torch.device(device)
+    path = resolve_model_path(config.model.name_or_path)
+    model = load_causal_lm(
+        path,
+        dtype=engine_dtype(config, device),
+        attn_implementation=config.model.attn_implementation,
+        trust_remote_code=config.model.trust_remote_code,
+    ).to(device)
+    return TorchRolloutEngine(
+        model,
+        tokenizer,
+        device,
+        eos_token_ids=eos_token_ids(tokenizer, model),
+        generation_batch_size=config.rollout.generation_batch_size,
+    )

@@ -1,0 +1,122 @@
+"""Run outputs: ``metrics.jsonl`` (one line per step), ``samples.jsonl``, optional TensorBoard / W&B.
+
+Both JSONL files are append-only and flushed + fsynced after every line, so a crash loses at
+most the line being written. On ``--resume`` the lines of steps after the checkpoint are
+dropped (the file is rewritten atomically), so the file always describes one consistent run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from slime_gb10.utils.atomic import atomic_write_text, ensure_writable_dir
+
+METRICS_FILE = "metrics.jsonl"
+SAMPLES_FILE = "samples.jsonl"
+
+
+class ReporterUnavailableError(RuntimeError):
+    pass
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN/Inf
+    return value
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    rows = []
+    p = Path(path)
+    if not p.is_file():
+        return rows
+    for line in p.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut by a crash
+    return rows
+
+
+def truncate_after(path: str | Path, step: int) -> None:
+    """Keep only the rows with ``step <= step`` (atomic rewrite)."""
+    p = Path(path)
+    if not p.is_file():
+        return
+    kept = [row for row in read_jsonl(p) if int(row.get("step", 0)) <= step]
+    atomic_write_text(p, "".join(json.dumps(row) + "\n" for row in kept))
+
+
+class JsonlWriter:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        ensure_writable_dir(self.path.parent)
+        self._fh = open(self.path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - long-lived
+
+    def write(self, row: dict) -> None:
+        self._fh.write(json.dumps({k: _clean(v) for k, v in row.items()}) + "\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self._fh.close()
+
+
+class RunLogger:
+    """metrics.jsonl + samples.jsonl + an optional TensorBoard / W&B reporter."""
+
+    def __init__(self, run_dir: str | Path, report_to: str = "none", config: dict | None = None):
+        self.run_dir = ensure_writable_dir(run_dir)
+        self.metrics = JsonlWriter(self.run_dir / METRICS_FILE)
+        self.samples = JsonlWriter(self.run_dir / SAMPLES_FILE)
+        self._tb = None
+        self._wandb = None
+        if report_to == "tensorboard":
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as exc:
+                raise ReporterUnavailableError(
+                    "--report-to tensorboard needs the 'tensorboard' package: pip install 'slime-gb10[tensorboard]'"
+                ) from exc
+            self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+        elif report_to == "wandb":
+            try:
+                import wandb
+            except ImportError as exc:
+                raise ReporterUnavailableError(
+                    "--report-to wandb needs the 'wandb' package: pip install 'slime-gb10[wandb]'"
+                ) from exc
+            self._wandb = wandb.init(project="slime-gb10", dir=str(self.run_dir), config=config or {})
+
+    def log_step(self, row: dict) -> None:
+        self.metrics.write(row)
+        step = int(row["step"])
+        scalars = {
+            k: v for k, v in row.items() if isinstance(v, int | float) and k != "step" and math.isfinite(v)
+        }
+        if self._tb is not None:
+            for key, value in scalars.items():
+                self._tb.add_scalar(key, value, step)
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=step)
+
+    def log_samples(self, rows: list[dict]) -> None:
+        for row in rows:
+            self.samples.write(row)
+
+    def close(self) -> None:
+        self.metrics.close()
+        self.samples.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()

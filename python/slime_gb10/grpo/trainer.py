@@ -1,0 +1,565 @@
+"""The GRPO loop: one controller, rollout engine and policy colocated on one device.
+
+Each step::
+
+    prompts  = sampler.next()                          # P prompts
+    samples  = engine.generate(prompts x G)            # G completions each, with logprobs
+    rewards  = reward_fn(samples)                      # rule-based
+    A        = group_advantages(rewards, G)            # (r - mean) / std per group
+    for epoch, minibatch:                              # usually 1 x 1: one on-policy step
+        backend.train_step(minibatch, grpo_loss)       # clipped surrogate (+ KL, TIS)
+    engine.update_weights(backend.export_weights())    # weight sync through a chunk stream
+
+plus evaluation every ``eval.every`` steps and a checkpoint every ``output.checkpoint_every``.
+With one epoch and one minibatch the "old" policy of the PPO ratio IS the current one, so its
+logprobs are the detached current logprobs (no extra forward; the ratio is 1 and the gradient
+is the plain policy gradient); otherwise they are computed once before the first update.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from slime_gb10.grpo.config import GRPOConfig
+from slime_gb10.grpo.interfaces import Generation, SamplingParams, TokenBatch
+
+log = logging.getLogger(__name__)
+
+
+class TrainingDiverged(RuntimeError):
+    """NaN/Inf loss or gradient norm; the message names the step and the last good checkpoint."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C: a checkpoint was written (``checkpoint``) and the run stopped cleanly."""
+
+    def __init__(self, checkpoint: Path | None, step: int):
+        super().__init__(f"interrupted after step {step}")
+        self.checkpoint = checkpoint
+        self.step = step
+
+
+class DataError(ValueError):
+    """The prompts cannot be used (empty, too long...)."""
+
+
+# ---------------------------------------------------------------------------------- batching
+@dataclass
+class Sample:
+    """One completion ready for training."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    rollout_logprobs: list[float]
+    advantage: float
+    reward: float
+    truncated: bool
+    train: bool = True  # False: masked out (overlong filtering)
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.completion_ids)
+
+
+def collate(samples: list[Sample], pad_token_id: int) -> tuple[TokenBatch, dict[str, torch.Tensor]]:
+    """Right-padded :class:`TokenBatch` + per-sequence advantages and per-token rollout logprobs."""
+    width = max(s.length for s in samples)
+    batch = len(samples)
+    input_ids = torch.full((batch, width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((batch, width), dtype=torch.long)
+    completion_mask = torch.zeros((batch, width), dtype=torch.float32)
+    rollout_logprobs = torch.zeros((batch, width), dtype=torch.float32)
+    for row, s in enumerate(samples):
+        p, c = len(s.prompt_ids), len(s.completion_ids)
+        input_ids[row, : p + c] = torch.tensor(s.prompt_ids + s.completion_ids, dtype=torch.long)
+        attention_mask[row, : p + c] = 1
+        if s.train and c:
+            completion_mask[row, p : p + c] = 1.0
+        if c:
+            rollout_logprobs[row, p : p + c] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
+    extras = {
+        "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32),
+        "rollout_logprobs": rollout_logprobs,
+    }
+    return TokenBatch(input_ids, attention_mask, completion_mask), extras
+
+
+def split_microbatches(samples: list[Sample], micro_batch_size: int) -> list[list[Sample]]:
+    """Sort by length (less padding) and cut into microbatches of at most ``micro_batch_size``."""
+    ordered = sorted(samples, key=lambda s: s.length)
+    return [ordered[i : i + micro_batch_size] for i in range(0, len(ordered), micro_batch_size)]
+
+
+def step_seed(seed: int, step: int) -> int:
+    """A distinct, reproducible sampling seed per step (resume-safe: no hidden RNG state)."""
+    return (seed * 1_000_003 + step * 7919 + 17) % (2**31 - 1)
+
+
+# ---------------------------------------------------------------------------------- trainer
+class GRPOTrainer:
+    def __init__(
+        self,
+        config: GRPOConfig,
+        *,
+        tokenizer=None,
+        engine=None,
+        backend=None,
+        device: torch.device | None = None,
+    ):
+        self.config = config
+        self.run_dir = Path(config.output.dir)
+        self.tokenizer = tokenizer
+        self.engine = engine
+        self.backend = backend
+        self.device = device
+        self.step = 0
+        self.logger = None
+        self._prompt_cache: dict[str, list[int]] = {}
+        self._boundary: dict | None = None
+        self._last_checkpoint: Path | None = None
+
+    # ------------------------------------------------------------------ setup
+    def setup(self, resume: bool = False) -> None:
+        from slime_gb10.grpo import checkpoint as ckpt
+        from slime_gb10.grpo import registry
+        from slime_gb10.grpo.metrics import METRICS_FILE, SAMPLES_FILE, RunLogger, truncate_after
+        from slime_gb10.grpo.models import load_tokenizer, resolve_model_path
+        from slime_gb10.grpo.rewards import get_reward
+        from slime_gb10.utils.atomic import atomic_write_text, ensure_writable_dir
+
+        cfg = self.config
+        torch.manual_seed(cfg.train.seed)
+        if cfg.train.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        ensure_writable_dir(self.run_dir)
+        self._build_data()
+        reward_spec = cfg.data.reward if cfg.data.reward != "auto" else self._default_reward()
+        self.reward_fn = get_reward(reward_spec)
+        if self.tokenizer is None:
+            self.tokenizer = load_tokenizer(
+                resolve_model_path(cfg.model.name_or_path), cfg.model.trust_remote_code
+            )
+        if self.engine is None or self.backend is None:
+            self.engine, self.backend, self.choice, self.device = registry.build_pair(cfg, self.tokenizer)
+        self.device = self.device or getattr(self.backend, "device", torch.device("cpu"))
+        self.pad_token_id = self.tokenizer.pad_token_id
+
+        if resume:
+            path = ckpt.latest_checkpoint(self.run_dir)
+            if path is None:
+                raise ckpt.CheckpointError(
+                    f"--resume: no checkpoint under '{self.run_dir / ckpt.CHECKPOINT_DIR}' (a run writes one every "
+                    "output.checkpoint_every steps and on Ctrl-C)"
+                )
+            policy_state, trainer_state = ckpt.load_checkpoint(path)
+            self.backend.load_state_dict(policy_state)
+            self.step = int(trainer_state["step"])
+            self.sampler.load_state_dict(trainer_state["sampler"])
+            ckpt.set_rng_state(trainer_state["rng"])
+            truncate_after(self.run_dir / METRICS_FILE, self.step)
+            truncate_after(self.run_dir / SAMPLES_FILE, self.step)
+            self._last_checkpoint = path
+            log.info("resumed from %s (step %d)", path, self.step)
+        atomic_write_text(self.run_dir / "config.yaml", cfg.to_yaml())
+        self.logger = RunLogger(self.run_dir, cfg.output.report_to, cfg.model_dump(mode="json"))
+        self._sync_weights()  # the engine starts from exactly the trainer's weights
+        self._boundary = self._snapshot()
+
+    def _default_reward(self) -> str:
+        return "arithmetic" if self.config.data.task == "arithmetic" else "gsm8k"
+
+    def _build_data(self) -> None:
+        from slime_gb10.grpo import data
+
+        cfg = self.config.data
+        if cfg.task == "arithmetic":
+            task = data.ArithmeticTask(seed=self.config.train.seed, **cfg.arithmetic)
+            self.eval_examples = list(task.eval_set(cfg.eval_size)) if cfg.eval_size else []
+            source = task
+        else:
+            examples = data.load_prompt_dataset(
+                cfg.path,
+                prompt_key=cfg.prompt_key,
+                answer_key=cfg.answer_key,
+                layout=cfg.layout,
+                limit=cfg.limit,
+            )
+            if cfg.eval_size:
+                source, self.eval_examples = data.split_train_eval(
+                    examples, eval_size=cfg.eval_size, seed=self.config.train.seed
+                )
+            else:
+                source, self.eval_examples = examples, []
+            if not source:
+                raise DataError(
+                    f"no training prompts left in '{cfg.path}' after holding out {cfg.eval_size} for eval"
+                )
+        self.sampler = data.PromptSampler(
+            source, batch_size=self.config.rollout.prompts_per_step, seed=self.config.train.seed
+        )
+
+    # ------------------------------------------------------------------ helpers
+    def prompt_ids(self, example) -> list[int]:
+        key = f"{getattr(example, 'id', '')}\x00{example.prompt}"
+        ids = self._prompt_cache.get(key)
+        if ids is None:
+            from slime_gb10.grpo.data import format_prompt
+
+            text = format_prompt(self.tokenizer, example.prompt, self.config.data.system_prompt)
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            if len(ids) > self.config.rollout.max_prompt_tokens:
+                raise DataError(
+                    f"prompt '{getattr(example, 'id', '?')}' has {len(ids)} tokens, more than "
+                    f"rollout.max_prompt_tokens={self.config.rollout.max_prompt_tokens}; raise the limit or filter the data"
+                )
+            self._prompt_cache[key] = ids
+        return ids
+
+    def _sampling_params(self, seed: int | None) -> SamplingParams:
+        r = self.config.rollout
+        return SamplingParams(
+            max_new_tokens=r.max_new_tokens,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            stop=tuple(r.stop),
+            seed=seed,
+        )
+
+    def _sync_weights(self) -> float:
+        start = time.perf_counter()
+        self.engine.update_weights(self.backend.export_weights(self.config.rollout.weight_bucket_mb * 2**20))
+        return time.perf_counter() - start
+
+    def _snapshot(self) -> dict:
+        from slime_gb10.grpo.checkpoint import rng_state
+
+        return {"step": self.step, "sampler": self.sampler.state_dict(), "rng": rng_state()}
+
+    def save(self, reason: str = "periodic") -> Path:
+        from slime_gb10.grpo.checkpoint import save_checkpoint
+
+        assert self._boundary is not None and self._boundary["step"] == self.step
+        path = save_checkpoint(
+            self.run_dir,
+            self.step,
+            self.backend.state_dict(),
+            self._boundary,
+            keep=self.config.output.keep_checkpoints,
+            reason=reason,
+        )
+        self._last_checkpoint = path
+        return path
+
+    # ------------------------------------------------------------------ the loop
+    def train(self) -> list[dict]:
+        from slime_gb10.grpo.backends.torch_backend import NonFiniteError
+
+        cfg = self.config
+        history: list[dict] = []
+        progress = None
+        if cfg.output.progress:
+            from tqdm.auto import tqdm
+
+            progress = tqdm(
+                total=cfg.train.steps, initial=self.step, desc="GRPO", unit="step", dynamic_ncols=True
+            )
+        try:
+            while self.step < cfg.train.steps:
+                try:
+                    row = self.train_step()
+                except NonFiniteError as exc:
+                    where = self._last_checkpoint or "none written yet"
+                    raise TrainingDiverged(
+                        f"step {self.step + 1}: {exc}. Training stopped; the weights were not updated. "
+                        f"Last good checkpoint: {where}. Lower train.lr or raise train.max_grad_norm's strictness "
+                        "(smaller value), then --resume."
+                    ) from exc
+                history.append(row)
+                if progress is not None:
+                    progress.update(1)
+                    progress.set_postfix(reward=f"{row['reward_mean']:.3f}", s=f"{row['step_time_s']:.1f}")
+                every = cfg.output.checkpoint_every
+                if (every and self.step % every == 0) or self.step == cfg.train.steps:
+                    self.save("final" if self.step == cfg.train.steps else "periodic")
+        except KeyboardInterrupt:
+            path = self.save("interrupt") if self._boundary is not None else None
+            raise TrainingInterrupted(path, self.step) from None
+        finally:
+            if progress is not None:
+                progress.close()
+        if cfg.output.save_final_model:
+            from slime_gb10.utils.atomic import atomic_directory
+
+            with atomic_directory(self.run_dir / "final_model") as tmp:
+                self.backend.save_pretrained(str(tmp))
+        return history
+
+    def close(self) -> None:
+        if self.logger is not None:
+            self.logger.close()
+        if self.engine is not None:
+            self.engine.shutdown()
+
+    def train_step(self) -> dict:
+        """One GRPO step; returns (and logs) its metrics row."""
+        from slime_gb10.grpo import algo
+        from slime_gb10.grpo.rewards import safe_rewards
+
+        cfg = self.config
+        G = cfg.rollout.group_size
+        step = self.step + 1
+        cuda = self.device is not None and self.device.type == "cuda"
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        t_step = time.perf_counter()
+
+        # 1. prompts and rollouts
+        examples = list(self._next_examples())
+        prompts = [self.prompt_ids(e) for e in examples]
+        repeated = [p for p in prompts for _ in range(G)]
+        truths = [str(e.ground_truth) for e in examples for _ in range(G)]
+        self.engine.wake()
+        t0 = time.perf_counter()
+        generations: list[Generation] = self.engine.generate(
+            repeated, self._sampling_params(step_seed(cfg.train.seed, step))
+        )
+        rollout_time = time.perf_counter() - t0
+        self.engine.sleep()
+
+        # 2. rewards and group advantages
+        rewards, reward_errors = safe_rewards(self.reward_fn, [g.text for g in generations], truths)
+        reward_t = torch.tensor(rewards, dtype=torch.float32)
+        advantages = algo.group_advantages(reward_t, G, scale_std=cfg.algo.scale_rewards)
+        zero_var = algo.zero_variance_groups(reward_t, G)
+
+        samples = [
+            Sample(
+                prompt_ids=list(g.prompt_ids),
+                completion_ids=list(g.completion_ids),
+                rollout_logprobs=list(g.completion_logprobs),
+                advantage=float(advantages[i]),
+                reward=rewards[i],
+                truncated=g.truncated,
+                train=not (cfg.algo.mask_truncated and g.truncated),
+            )
+            for i, g in enumerate(generations)
+        ]
+        # Groups where every sample got the same reward have zero advantage: no gradient, skip them.
+        trainable = [
+            s for i, s in enumerate(samples) if not bool(zero_var[i // G]) and s.train and s.completion_ids
+        ]
+
+        # 3. policy update
+        t1 = time.perf_counter()
+        train_metrics, train_tokens, grad_norm, loss = (
+            self._update(trainable) if trainable else ({}, 0, 0.0, 0.0)
+        )
+        train_time = time.perf_counter() - t1
+        # The optimizer step is done: this step now counts (a Ctrl-C from here checkpoints it).
+        self.step = step
+        self._boundary = self._snapshot()
+
+        # 4. weight sync
+        sync_time = self._sync_weights() if trainable else 0.0
+
+        # 5. metrics
+        lengths = [len(g.completion_ids) for g in generations]
+        rollout_tokens = sum(lengths)
+        step_time = time.perf_counter() - t_step
+        n = len(rewards)
+        mean = sum(rewards) / n
+        row = {
+            "step": step,
+            "reward_mean": mean,
+            "reward_std": math.sqrt(sum((r - mean) ** 2 for r in rewards) / max(n - 1, 1)),
+            "pass_rate": sum(r >= cfg.data.pass_threshold for r in rewards) / n,
+            "response_len_mean": rollout_tokens / n,
+            "truncated_frac": sum(g.truncated for g in generations) / n,
+            "zero_variance_groups": float(zero_var.float().mean()),
+            "entropy": train_metrics.get("entropy", float("nan")),
+            "kl": train_metrics.get("kl", float("nan")),
+            "clip_frac": train_metrics.get("clip_frac", float("nan")),
+            "ratio_mean": train_metrics.get("ratio_mean", float("nan")),
+            "tis_weight_mean": train_metrics.get("tis_weight_mean", float("nan")),
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "lr": train_metrics.get("lr", cfg.train.lr),
+            "reward_errors": reward_errors,
+            "rollout_time_s": rollout_time,
+            "train_time_s": train_time,
+            "sync_time_s": sync_time,
+            "rollout_tokens_per_s": rollout_tokens / rollout_time if rollout_time > 0 else float("nan"),
+            "train_tokens_per_s": train_tokens / train_time
+            if train_time > 0 and train_tokens
+            else float("nan"),
+            "step_time_s": step_time,
+        }
+        if cuda:
+            row["peak_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        mfu = self._mfu(
+            prompt_tokens=sum(len(p) for p in repeated),
+            rollout_tokens=rollout_tokens,
+            train_tokens=train_tokens,
+            seconds=step_time,
+        )
+        if mfu is not None:
+            row["mfu"] = mfu
+
+        # 6. evaluation
+        if cfg.eval.every and step % cfg.eval.every == 0 and self.eval_examples:
+            t2 = time.perf_counter()
+            for key, value in self.run_eval().items():
+                row[f"eval/{key}"] = value
+            row["eval_time_s"] = time.perf_counter() - t2
+
+        self.logger.log_step(row)
+        if cfg.output.samples_per_step:
+            self.logger.log_samples(
+                [
+                    {
+                        "step": step,
+                        "prompt": self.tokenizer.decode(g.prompt_ids, skip_special_tokens=False),
+                        "completion": g.text,
+                        "reward": rewards[i],
+                        "ground_truth": truths[i],
+                        "finish_reason": g.finish_reason,
+                    }
+                    for i, g in list(enumerate(generations))[:: max(1, G)][: cfg.output.samples_per_step]
+                ]
+            )
+        return row
+
+    def _next_examples(self):
+        batch = self.sampler.next_batch()
+        if not batch:
+            raise DataError("the prompt sampler returned no prompts (empty dataset?)")
+        return batch
+
+    def _update(self, samples: list[Sample]) -> tuple[dict, int, float, float]:
+        """All optimizer steps of one GRPO step; returns (metrics, tokens processed, grad_norm, loss)."""
+        from slime_gb10.grpo import algo
+
+        cfg = self.config
+        on_policy = cfg.train.epochs == 1 and cfg.train.minibatches == 1
+        need_ref = cfg.algo.beta > 0 or cfg.algo.ref_kl_metric
+        if need_ref and not hasattr(self.backend, "reference_logprobs"):
+            if cfg.algo.beta > 0:
+                raise RuntimeError("algo.beta > 0 needs a backend with reference_logprobs()")
+            need_ref = False
+
+        minibatch_count = min(cfg.train.minibatches, len(samples))
+        # Deterministic split into minibatches (every minibatch-th sample), each cut into microbatches.
+        minibatches = [samples[i::minibatch_count] for i in range(minibatch_count)]
+        prepared = []
+        for mb in minibatches:
+            micro = []
+            for group in split_microbatches(mb, cfg.train.micro_batch_size):
+                batch, extras = collate(group, self.pad_token_id)
+                if not on_policy:
+                    extras["old_logprobs"], _ = self.backend.logprobs(batch)
+                if need_ref:
+                    extras["ref_logprobs"] = self.backend.reference_logprobs(batch)
+                micro.append((batch, extras))
+            if cfg.algo.loss_agg == "token-mean":
+                count = float(sum(float(b.completion_mask.sum()) for b, _ in micro))
+            else:
+                count = float(sum(b.input_ids.shape[0] for b, _ in micro))
+            for _, extras in micro:
+                extras["global_count"] = max(count, 1.0)
+            prepared.append(micro)
+
+        a = cfg.algo
+
+        def loss_fn(logprobs, entropy, batch, extras):
+            old = extras.get("old_logprobs")
+            if old is None:
+                old = logprobs.detach()
+            return algo.grpo_loss(
+                logprobs,
+                old,
+                extras["advantages"],
+                batch.completion_mask,
+                rollout_logprobs=extras["rollout_logprobs"] if a.tis_cap is not None else None,
+                ref_logprobs=extras.get("ref_logprobs"),
+                entropy=entropy,
+                eps_low=a.eps_low,
+                eps_high=a.eps_high,
+                beta=a.beta,
+                entropy_coef=a.entropy_coef,
+                tis_cap=a.tis_cap,
+                loss_agg=a.loss_agg,
+                max_len=cfg.rollout.max_new_tokens,
+                global_count=extras["global_count"],
+            )
+
+        tokens = 0
+        sums: dict[str, float] = {}
+        grad_norms, losses = [], []
+        for _ in range(cfg.train.epochs):
+            for micro in prepared:
+                result = self.backend.train_step(micro, loss_fn)
+                grad_norms.append(result.grad_norm)
+                losses.append(result.loss)
+                for key, value in result.metrics.items():
+                    sums[key] = sums.get(key, 0.0) + value
+                tokens += sum(int(b.attention_mask.sum()) for b, _ in micro)
+        steps = len(grad_norms)
+        metrics = {k: v / steps for k, v in sums.items()}
+        return metrics, tokens, sum(grad_norms) / steps, sum(losses) / steps
+
+    def run_eval(self) -> dict[str, float]:
+        from slime_gb10.grpo.evaluate import evaluate
+
+        cfg = self.config
+        examples = self.eval_examples[: cfg.eval.num_prompts]
+        self.engine.wake()
+        try:
+            return evaluate(
+                self.engine,
+                [self.prompt_ids(e) for e in examples],
+                [str(e.ground_truth) for e in examples],
+                self.reward_fn,
+                k=cfg.eval.k,
+                temperature=cfg.eval.temperature,
+                max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+                pass_threshold=cfg.data.pass_threshold,
+                seed=step_seed(cfg.train.seed + 1, self.step),
+                stop=cfg.rollout.stop,
+            )
+        finally:
+            self.engine.sleep()
+
+    def _mfu(
+        self, *, prompt_tokens: int, rollout_tokens: int, train_tokens: int, seconds: float
+    ) -> float | None:
+        """Model FLOPs utilisation: 2N per generated/prefilled token, 6N per trained token (Kaplan et al. 2020)."""
+        if self.device is None or self.device.type != "cuda" or seconds <= 0:
+            return None
+        n_params = getattr(self.backend, "num_parameters", None)
+        if not n_params:
+            return None
+        try:
+            from slime_gb10.platform.devices import device_peaks, mfu
+
+            flops = 2 * n_params * (prompt_tokens + rollout_tokens) + 6 * n_params * train_tokens
+            peaks = device_peaks(self.device.index or 0)
+            return float(mfu(flops / seconds, peaks, precision="bf16"))
+        except Exception:  # platform helpers missing or no peak known for this GPU
+            return None
+
+
+def train(config: GRPOConfig, resume: bool = False) -> list[dict]:
+    """Build everything from ``config`` and run; the CLI's entry point."""
+    trainer = GRPOTrainer(config)
+    try:
+        trainer.setup(resume=resume)
+        return trainer.train()
+    finally:
+        trainer.close()
