@@ -134,23 +134,31 @@ class BackendsConfig(_Section):
 
 
 class SGLangConfig(_Section):
-    """Settings of the SGLang rollout engine (owned by the backends helper)."""
+    """Settings of the SGLang rollout engine (``engines/sglang_engine.py``).
 
-    mem_fraction_static: float | None = Field(
-        default=None, gt=0.0, lt=1.0
-    )  # None: 0.7 unified mem, else 0.85
+    The weight-sync bucket size is ``rollout.weight_bucket_mb`` (shared by every engine).
+    """
+
+    # None: 0.7 on unified memory (GB10: CPU, trainer and KV cache share 128 GB), 0.8 on a discrete GPU.
+    mem_fraction_static: float | None = Field(default=None, gt=0.0, lt=1.0)
+    # "auto": triton on sm_12x (no FlashAttention 3 there), SGLang's own choice elsewhere.
     attention_backend: str = "auto"
-    weight_bucket_mb: int = Field(default=512, ge=1)
+    # "auto": pytorch on sm_12x, SGLang's own choice elsewhere.
+    sampling_backend: str = "auto"
+    # Release KV cache / weights / CUDA graphs while the trainer runs (needs torch_memory_saver).
     enable_memory_saver: bool = True
     disable_cuda_graph: bool = False
     log_level: str = "error"
 
 
 class MegatronConfig(_Section):
-    """Settings of the Megatron-core training backend (owned by the backends helper)."""
+    """Settings of the Megatron-core training backend (``backends/megatron_backend.py``)."""
 
+    # bf16; fp8 (TE Float8CurrentScaling); nvfp4 (TE NVFP4BlockScaling, RHT off + BF16 wgrad on sm_12x).
     precision: Literal["bf16", "fp8", "nvfp4"] = "bf16"
+    # "auto": the TransformerEngine layer spec when transformer_engine imports, else Megatron's local spec.
     transformer_impl: Literal["auto", "transformer_engine", "local"] = "auto"
+    # Off on one GPU: there is nothing to shard the optimizer state across.
     use_distributed_optimizer: bool = False
     recompute_granularity: Literal["none", "selective", "full"] = "none"
 
