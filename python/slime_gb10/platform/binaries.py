@@ -22,6 +22,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slime_gb10.platform import subproc
+
 DT_NEEDED = 1
 SHT_DYNAMIC = 6
 
@@ -132,13 +134,7 @@ def cuobjdump_archs(
             break
         for flag in ("--list-elf", "--list-ptx"):
             try:
-                proc = subprocess.run(
-                    [cuobjdump, flag, str(path)],
-                    capture_output=True,
-                    text=True,
-                    errors="replace",
-                    timeout=min(timeout_s, left),
-                )
+                proc = subproc.run([cuobjdump, flag, str(path)], min(timeout_s, left))
             except subprocess.TimeoutExpired:
                 scan.errors.append(f"cuobjdump {flag} {Path(path).name} ran past its time limit")
                 continue

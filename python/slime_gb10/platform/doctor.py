@@ -33,7 +33,7 @@ from typing import Any, Literal
 import click
 
 from slime_gb10 import __version__
-from slime_gb10.platform import binaries
+from slime_gb10.platform import binaries, subproc
 from slime_gb10.platform.devices import is_gb10, lookup_peaks, sm_arch
 from slime_gb10.platform.fixes import AppliedFix, apply_runtime_fixes
 from slime_gb10.platform.probe import Probe, run_probe
@@ -69,6 +69,8 @@ class DoctorContext:
     probe: Probe = field(default_factory=Probe)
     fixes: list[AppliedFix] = field(default_factory=list)
     fixes_disabled: bool = False
+    ptxas_arch: str | None = None  # --arch: check Triton's ptxas for this arch even without a GPU
+    grace_s: float = 15.0  # a check's thread gets timeout_s + grace_s before it is reported as hung
     cache: dict[str, Any] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -192,19 +194,14 @@ def run_child_python(code: str, timeout_s: float, env: dict[str, str] | None = N
         script = Path(tmp, "check.py")
         script.write_text(textwrap.dedent(code))
         try:
-            proc = subprocess.run(
+            proc = subproc.run(
                 [sys.executable, str(script)],
-                capture_output=True,
-                text=True,
-                errors="replace",
-                timeout=timeout_s,
+                timeout_s,
                 env=env if env is not None else os.environ.copy(),
                 cwd=tmp,
             )
         except subprocess.TimeoutExpired as exc:
-            out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-            err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
-            return ChildResult(None, out, err, None)
+            return ChildResult(None, exc.stdout or "", exc.stderr or "", None)
     data = None
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("{"):
@@ -298,7 +295,7 @@ def check_gpu(ctx: DoctorContext) -> CheckResult:
         )
     reason = ctx.no_gpu_reason()
     warnings = " ".join(ctx.probe.data.get("cuda_warnings") or [])
-    if re.search(r"driver .*too old|NVIDIA driver", warnings, flags=re.I):
+    if re.search(r"driver .*too old", warnings, flags=re.I):
         return _fail(
             "gpu",
             reason,
@@ -312,16 +309,14 @@ def _nvidia_smi(ctx: DoctorContext) -> tuple[str | None, str]:
     if smi is None:
         return None, "nvidia-smi not on PATH"
     try:
-        proc = subprocess.run(
+        proc = subproc.run(
             [
                 smi,
                 "--query-gpu=driver_version",
                 "--format=csv,noheader",
                 f"--id={ctx.device.get('index', 0)}",
             ],
-            capture_output=True,
-            text=True,
-            timeout=min(ctx.timeout_s, 30),
+            min(ctx.timeout_s, 30),
         )
     except subprocess.TimeoutExpired:
         return None, "nvidia-smi ran past its time limit"
@@ -440,7 +435,11 @@ def check_ptxas_for(
         "version": probe.version,
         "triton": triton.triton_version,
     }
-    fix = FIX_POINT_TRITON.format(var=var)
+    fix = (
+        f"point ${var} at a CUDA 13 ptxas (`export {var}=/usr/local/cuda/bin/ptxas`) or unset it"
+        if triton.from_env
+        else FIX_POINT_TRITON.format(var=var)
+    )
     if probe.ok:
         return _ok(name, f"{source} ({probe.path}, CUDA {probe.version}) assembles {gpu_name}", **details)
     if probe.verdict == "rejects":
@@ -455,22 +454,21 @@ def check_ptxas_for(
         if triton.from_env and probe.verdict in ("missing", "garbage", "crashed", "timeout")
         else ""
     )
-    return _fail(
-        name,
-        f"{source} {probe.path}: {probe.message} ({probe.verdict}){fallback}",
-        f"point ${var} at a working CUDA 13 ptxas (e.g. `export {var}=/usr/local/cuda/bin/ptxas`) or unset it"
-        if triton.from_env
-        else fix,
-        **details,
-    )
+    return _fail(name, f"{source} {probe.path}: {probe.message} ({probe.verdict}){fallback}", fix, **details)
 
 
-@register_check("triton_ptxas", gpu=True)
+@register_check("triton_ptxas")
 def check_triton_ptxas(ctx: DoctorContext) -> CheckResult:
     """The ptxas Triton will use assembles the device's arch (runs it on a minimal PTX module)."""
-    return check_ptxas_for(
-        sm_arch(ctx.capability), timeout_s=min(ctx.timeout_s, 30), capability=ctx.capability
-    )
+    limit = min(ctx.timeout_s, 30)
+    if ctx.ptxas_arch:
+        return check_ptxas_for(ctx.ptxas_arch, timeout_s=limit)
+    if not ctx.gpu:
+        return _skip(
+            "triton_ptxas",
+            f"{ctx.no_gpu_reason()}: GPU check skipped (`slime-gb10 doctor --arch sm_121a` checks it for GB10)",
+        )
+    return check_ptxas_for(sm_arch(ctx.capability), timeout_s=limit, capability=ctx.capability)
 
 
 _TRITON_ADD = """
@@ -1027,7 +1025,8 @@ def run_registered(ctx: DoctorContext, checks: list[Check]) -> list[CheckResult]
         thread = threading.Thread(target=target, name=f"doctor-{check.name}", daemon=True)
         thread.start()
         threads.append((check, thread))
-    deadline = time.monotonic() + ctx.timeout_s + 15
+    limit = ctx.timeout_s + ctx.grace_s
+    deadline = time.monotonic() + limit
     out = []
     for check, thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
@@ -1037,7 +1036,7 @@ def run_registered(ctx: DoctorContext, checks: list[Check]) -> list[CheckResult]
             out.append(
                 _fail(
                     check.name,
-                    f"did not finish within {ctx.timeout_s + 15:g} s",
+                    f"did not finish within {limit:g} s",
                     "run `slime-gb10 doctor --timeout 300` once to tell a slow machine from a hang",
                 )
             )
@@ -1080,6 +1079,13 @@ def report_json(results: list[CheckResult], ctx: DoctorContext) -> dict[str, Any
     }
 
 
+def _validate_arch(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    m = re.fullmatch(r"sm_(\d{2,3})[af]?", value or "")
+    if value is not None and (m is None or int(m.group(1)) < 50):
+        raise click.BadParameter(f"{value!r} is not an arch like sm_121a, sm_120, sm_90a")
+    return value
+
+
 @click.command(
     "doctor",
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -1103,7 +1109,17 @@ def report_json(results: list[CheckResult], ctx: DoctorContext) -> dict[str, Any
     help="Time limit in seconds for each check's child processes.",
 )
 @click.option("--no-fixes", is_flag=True, help="Do not apply the GB10 runtime fixes before checking.")
-def doctor_command(as_json: bool, json_out: Path | None, timeout_s: float, no_fixes: bool) -> None:
+@click.option(
+    "--arch",
+    "ptxas_arch",
+    default=None,
+    metavar="SM_ARCH",
+    callback=_validate_arch,
+    help="Check that Triton's ptxas assembles this arch (e.g. sm_121a for GB10), GPU or not.",
+)
+def doctor_command(
+    as_json: bool, json_out: Path | None, timeout_s: float, no_fixes: bool, ptxas_arch: str | None
+) -> None:
     from slime_gb10.utils.atomic import OutputPathError, atomic_write_text, ensure_writable_dir
 
     if json_out is not None:  # bad output path: say so before spending a minute on checks
@@ -1117,6 +1133,7 @@ def doctor_command(as_json: bool, json_out: Path | None, timeout_s: float, no_fi
             raise click.BadParameter(str(exc), param_hint="--json-out") from None
     try:
         ctx = doctor_context(timeout_s, apply_fixes=not no_fixes)
+        ctx.ptxas_arch = ptxas_arch
     except ValueError as exc:  # e.g. a malformed SLIME_GB10_DISABLE_FIXES
         raise click.ClickException(str(exc)) from None
     results = run_registered(ctx, CHECKS)

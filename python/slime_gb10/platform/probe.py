@@ -14,6 +14,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from slime_gb10.platform import subproc
+
 _PROBE_SCRIPT = r"""
 import json, sys, warnings
 index = int(sys.argv[1])
@@ -108,12 +110,8 @@ def run_probe(index: int = 0, timeout_s: float = 60.0) -> Probe:
 
     start = time.monotonic()
     try:
-        proc = subprocess.run(
-            [sys.executable, "-c", _PROBE_SCRIPT, str(index)],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            env=os.environ.copy(),
+        proc = subproc.run(
+            [sys.executable, "-c", _PROBE_SCRIPT, str(index)], timeout_s, env=os.environ.copy()
         )
     except subprocess.TimeoutExpired:
         return Probe(

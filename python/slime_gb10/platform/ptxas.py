@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from slime_gb10.platform import subproc
+
 # The oldest PTX ISA version that knows each target (PTX ISA release notes; checked with ptxas 12.9
 # and 13.4: one version lower gives "PTX .version X does not support .target Y").
 _MIN_PTX_VERSION = {
@@ -45,6 +47,7 @@ _MIN_PTX_VERSION = {
     "sm_121a": "8.8",
     "sm_121f": "8.8",
 }
+_SHELL_SIGNAL_CODES = {128 + sig for sig in (4, 6, 7, 8, 9, 11)}
 _DEFAULT_PTX_VERSION = "9.0"  # CUDA 13.0's ISA, for targets newer than this table
 
 Verdict = Literal["accepts", "rejects", "missing", "timeout", "crashed", "garbage", "failed"]
@@ -84,7 +87,7 @@ def _first_error_line(text: str) -> str:
 
 
 def _run(cmd: list[str], timeout_s: float, cwd: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout_s, cwd=cwd)
+    return subproc.run(cmd, timeout_s, cwd=cwd)
 
 
 def probe_ptxas(path: str | os.PathLike | None, gpu_name: str, timeout_s: float = 20.0) -> PtxasProbe:
@@ -103,7 +106,9 @@ def probe_ptxas(path: str | os.PathLike | None, gpu_name: str, timeout_s: float 
         return PtxasProbe(path, gpu_name, "missing", None, f"{path} is not executable")
 
     def crashed(proc: subprocess.CompletedProcess, what: str) -> PtxasProbe | None:
-        if proc.returncode < 0 or proc.returncode > 128:
+        # A signal (negative code), or a shell wrapper's 128+N for SIGILL/ABRT/BUS/FPE/KILL/SEGV.
+        # (ptxas itself exits 255 on ordinary errors.)
+        if proc.returncode < 0 or proc.returncode in _SHELL_SIGNAL_CODES:
             signal_no = -proc.returncode if proc.returncode < 0 else proc.returncode - 128
             return PtxasProbe(
                 path, gpu_name, "crashed", None, f"`{what}` was killed by signal {signal_no} (crash)"
