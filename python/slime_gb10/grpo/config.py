@@ -255,6 +255,11 @@ def parse_set_override(item: str) -> tuple[list[str], Any]:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
         raise ConfigError(f"--set {key}: cannot parse value '{raw}': {exc}") from exc
+    if isinstance(value, str):  # YAML 1.1 reads "1e-5" as a string; numbers are meant
+        try:
+            value = float(value) if any(c in value for c in ".eE") else int(value)
+        except ValueError:
+            pass
     return parts, value
 
 
