@@ -42,7 +42,7 @@ def test_bad_value_names_the_key(tmp_path):
 
 
 def test_file_task_needs_a_path():
-    with pytest.raises(ConfigError, match="data.path is not set"):
+    with pytest.raises(ConfigError, match=r"data\.path is not set"):
         build_config(sets=["data.task=file"])
 
 
@@ -76,7 +76,7 @@ def test_set_parsing():
     assert parse_set_override("a.b=1e-3") == (["a", "b"], 1e-3)
     assert parse_set_override("a.b=true") == (["a", "b"], True)
     assert parse_set_override("rollout.stop=['x', 'y']") == (["rollout", "stop"], ["x", "y"])
-    with pytest.raises(ConfigError, match="section.key=value"):
+    with pytest.raises(ConfigError, match=r"section\.key=value"):
         parse_set_override("novalue")
 
 

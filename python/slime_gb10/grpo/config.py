@@ -11,6 +11,7 @@ procedural arithmetic task, small enough to finish on a CPU in minutes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any, Literal
@@ -256,10 +257,8 @@ def parse_set_override(item: str) -> tuple[list[str], Any]:
     except yaml.YAMLError as exc:
         raise ConfigError(f"--set {key}: cannot parse value '{raw}': {exc}") from exc
     if isinstance(value, str):  # YAML 1.1 reads "1e-5" as a string; numbers are meant
-        try:
+        with contextlib.suppress(ValueError):
             value = float(value) if any(c in value for c in ".eE") else int(value)
-        except ValueError:
-            pass
     return parts, value
 
 
