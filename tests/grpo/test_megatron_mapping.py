@@ -351,6 +351,6 @@ def test_names_and_shapes_match_a_real_megatron_gpt_model(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     real = json.loads(proc.stdout.strip().splitlines()[-1])
     arch = DecoderArch.from_hf_config(_qwen2_bias_untied())
-    config, model = _random_model("qwen2_bias_untied")
+    _, model = _random_model("qwen2_bias_untied")
     ours = {k: list(v.shape) for k, v in hf_to_megatron(_hf_state(model), arch, "local").items()}
     assert ours == real

@@ -1,0 +1,631 @@
+"""The production policy backend: Megatron-core ``GPTModel`` (+ TransformerEngine when it imports).
+
+What slime trains with, on one GPU:
+
+* the model is a Megatron-core ``GPTModel`` built from the Hugging Face config (Llama / Qwen2 /
+  SmolLM2 family, see :mod:`.megatron_mapping`), with the TransformerEngine layer spec when
+  ``transformer_engine`` imports and Megatron's local spec otherwise;
+* weights come in from the HF checkpoint and go out (to the rollout engine, to
+  ``save_pretrained``) through the bit-exact HF ↔ Megatron mapping;
+* parameters are BF16; Megatron's ``DistributedDataParallel`` accumulates FP32 main grads and
+  its mixed-precision optimizer keeps FP32 master weights and Adam states (the distributed
+  optimizer is off by default: one GPU has nothing to shard across);
+* logprobs use the same chunked-vocabulary path as the PyTorch backend
+  (:func:`slime_gb10.grpo.logprobs.chunked_logprobs_entropy`) on the decoder's final hidden states,
+  so the ``[tokens, vocab]`` logits never exist;
+* ``megatron.precision: fp8 | nvfp4`` wraps the forward in a TransformerEngine autocast with an
+  explicit recipe (:func:`te_recipe`): on sm_12x (GB10) NVFP4 needs ``disable_rht=True``
+  (TransformerEngine issue #2372) and keeps the weight-gradient GEMM in BF16.
+
+Megatron-core is imported lazily inside functions except for the availability check below, so
+this module imports on any machine that has the package (importing it proves only that).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import logging
+import math
+import os
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from slime_gb10.grpo.backends.megatron_mapping import (
+    DecoderArch,
+    LayerSpecFlavor,
+    hf_named_tensors_fn,
+    hf_to_megatron,
+    megatron_to_hf,
+)
+from slime_gb10.grpo.backends.torch_backend import NonFiniteError
+from slime_gb10.grpo.interfaces import PolicyBackend, TokenBatch, TrainStepResult
+
+if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
+    raise ImportError(
+        "megatron-core is not installed: pip install 'slime-gb10[megatron]' (or use trainer: torch)"
+    )
+
+log = logging.getLogger(__name__)
+
+__all__ = ["MegatronPolicyBackend", "NonFiniteError", "availability", "build_backend", "build_gpt_model"]
+
+
+def _te_importable() -> bool:
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception:  # ImportError, or a broken CUDA library raising OSError/RuntimeError
+        return False
+    return True
+
+
+def availability() -> tuple[bool, str]:
+    """Can this machine train with the Megatron backend? ``(ok, reason)`` for the doctor."""
+    try:
+        import megatron.core
+        from megatron.core.models.gpt import GPTModel  # noqa: F401
+    except Exception as exc:
+        return False, f"megatron-core does not import ({exc.__class__.__name__}: {exc})"
+    version = getattr(megatron.core, "__version__", "?")
+    if not torch.cuda.is_available():
+        return False, f"megatron-core {version} imports, but there is no CUDA GPU"
+    te = (
+        "TransformerEngine layer spec"
+        if _te_importable()
+        else "local layer spec (TransformerEngine not importable)"
+    )
+    return True, f"megatron-core {version} on {torch.cuda.get_device_name()} ({te})"
+
+
+# ---------------------------------------------------------------- model construction
+
+
+def resolve_flavor(transformer_impl: str) -> LayerSpecFlavor:
+    """``auto`` → ``te`` when TransformerEngine imports, else ``local``."""
+    if transformer_impl in ("transformer_engine", "te"):
+        if not _te_importable():
+            raise ImportError(
+                "megatron.transformer_impl is 'transformer_engine' but transformer_engine does not import; "
+                "install slime-gb10[te] or set megatron.transformer_impl: local"
+            )
+        return "te"
+    if transformer_impl == "local":
+        return "local"
+    if transformer_impl == "auto":
+        return "te" if _te_importable() else "local"
+    raise ValueError(
+        f"megatron.transformer_impl must be auto, transformer_engine or local, got {transformer_impl!r}"
+    )
+
+
+def transformer_config(
+    arch: DecoderArch,
+    *,
+    params_dtype: torch.dtype = torch.bfloat16,
+    use_cpu_initialization: bool = False,
+    recompute_granularity: str = "none",
+):
+    """Megatron-core ``TransformerConfig`` equivalent to a Llama-family HF config.
+
+    Fusions that need Apex/TE kernels are off so the local spec runs on plain PyTorch; dropout
+    is 0 (HF's ``attention_dropout`` is 0 for these models and RL fine-tuning uses none).
+    """
+    import torch.nn.functional as F
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    recompute = {} if recompute_granularity == "none" else {"recompute_granularity": recompute_granularity}
+    if recompute_granularity == "full":
+        recompute |= {"recompute_method": "uniform", "recompute_num_layers": 1}
+    return TransformerConfig(
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        ffn_hidden_size=arch.intermediate_size,
+        num_attention_heads=arch.num_attention_heads,
+        num_query_groups=arch.num_key_value_heads,
+        kv_channels=arch.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=arch.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=arch.qkv_bias,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        attention_softmax_in_fp32=True,
+        bf16=params_dtype == torch.bfloat16,
+        params_dtype=params_dtype,
+        pipeline_dtype=params_dtype,
+        use_cpu_initialization=use_cpu_initialization,
+        perform_initialization=False,  # every weight is loaded from the HF checkpoint
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
+        **recompute,
+    )
+
+
+def build_gpt_model(
+    hf_config: Any,
+    *,
+    flavor: str = "auto",
+    params_dtype: torch.dtype = torch.bfloat16,
+    device: str | torch.device = "cuda",
+    recompute_granularity: str = "none",
+):
+    """``(GPTModel, DecoderArch, flavor)`` for a HF config; needs ``parallel_state`` initialised.
+
+    The vocabulary keeps the exact HF size (no padding to a multiple), so logprobs compare 1:1.
+    """
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_layer_local_spec,
+        get_gpt_layer_with_transformer_engine_spec,
+    )
+
+    arch = DecoderArch.from_hf_config(hf_config)
+    flavor = resolve_flavor(flavor)
+    device = torch.device(device)
+    config = transformer_config(
+        arch,
+        params_dtype=params_dtype,
+        use_cpu_initialization=device.type == "cpu",
+        recompute_granularity=recompute_granularity,
+    )
+    if flavor == "te":
+        layer_spec = get_gpt_layer_with_transformer_engine_spec()
+    else:
+        layer_spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec,
+        vocab_size=arch.vocab_size,
+        max_sequence_length=arch.max_position_embeddings,
+        pre_process=True,
+        post_process=True,
+        share_embeddings_and_output_weights=arch.tie_word_embeddings,
+        position_embedding_type="rope",
+        rotary_percent=1.0,
+        rotary_base=int(arch.rope_theta),
+    )
+    return model.to(device), arch, flavor
+
+
+def init_single_gpu_parallel(seed: int = 0) -> None:
+    """``torch.distributed`` with world size 1 and Megatron's model-parallel groups of size 1."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    if not dist.is_initialized():
+        with socket.socket() as s:  # a free local port for the (single-member) rendezvous
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    if dist.get_world_size() != 1:
+        raise RuntimeError(
+            f"the Megatron backend runs on one GPU; torch.distributed has world size {dist.get_world_size()}"
+        )
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+    if torch.cuda.is_available():
+        model_parallel_cuda_manual_seed(seed)
+
+
+def load_hf_weights(
+    model, hf_state: dict[str, torch.Tensor], arch: DecoderArch, flavor: LayerSpecFlavor
+) -> None:
+    """Copy a HF state dict into a Megatron ``GPTModel`` (strict: every parameter, matching shapes)."""
+    converted = hf_to_megatron(hf_state, arch, flavor)
+    params = dict(model.named_parameters())
+    if set(converted) != set(params):
+        missing, extra = sorted(set(params) - set(converted)), sorted(set(converted) - set(params))
+        raise RuntimeError(
+            f"Megatron model and mapping disagree: missing {missing[:3]}, unexpected {extra[:3]}"
+        )
+    with torch.no_grad():
+        for name, tensor in converted.items():
+            if params[name].shape != tensor.shape:
+                raise RuntimeError(
+                    f"{name}: model {tuple(params[name].shape)} vs checkpoint {tuple(tensor.shape)}"
+                )
+            params[name].copy_(tensor)
+
+
+def megatron_state(model) -> dict[str, torch.Tensor]:
+    """Parameters of a (possibly DDP-wrapped) GPTModel by Megatron name, detached, no copies."""
+    module = getattr(model, "module", model)
+    return {name: p.detach() for name, p in module.named_parameters()}
+
+
+# ---------------------------------------------------------------- precision recipes
+
+
+def te_recipe(precision: str, compute_capability: tuple[int, int] | None = None):
+    """The TransformerEngine recipe for ``precision`` (``None`` for ``bf16``).
+
+    * ``fp8``: ``Float8CurrentScaling`` (per-tensor current scaling, HYBRID E4M3/E5M2), which
+      needs no amax history; falls back to ``DelayedScaling`` on TE versions without it.
+    * ``nvfp4``: ``NVFP4BlockScaling`` (16-element blocks, E4M3 block scales, FP32 tensor scale).
+      On sm_12x (GB10 = sm_121) its random Hadamard transform kernel fails with "invalid argument"
+      for M > 32 (TransformerEngine issue #2372), so ``disable_rht=True``; the weight-gradient
+      GEMM stays BF16 as the GB10 nanochat port does: ``override_linear_precision=(False, False,
+      True)`` on TE versions whose recipe has that field, else ``backward_override=
+      "high_precision"`` (newer TE: the whole backward from BF16 operands).
+    """
+    if precision == "bf16":
+        return None
+    try:
+        from transformer_engine.common import recipe as te_recipes
+    except Exception as exc:
+        raise ImportError(
+            f"megatron.precision={precision!r} needs TransformerEngine (pip install 'slime-gb10[te]'; "
+            f"on a GB10 the flake builds it): {exc}"
+        ) from exc
+    if compute_capability is None and torch.cuda.is_available():
+        compute_capability = torch.cuda.get_device_capability()
+    if precision == "fp8":
+        if hasattr(te_recipes, "Float8CurrentScaling"):
+            return te_recipes.Float8CurrentScaling(fp8_format=te_recipes.Format.HYBRID)
+        return te_recipes.DelayedScaling(fp8_format=te_recipes.Format.HYBRID)
+    if precision == "nvfp4":
+        if not hasattr(te_recipes, "NVFP4BlockScaling"):
+            raise ImportError("this TransformerEngine has no NVFP4BlockScaling recipe (needs TE >= 2.8)")
+        cls = te_recipes.NVFP4BlockScaling
+        fields = {f.name for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        if compute_capability is not None and compute_capability[0] == 12:
+            kwargs["disable_rht"] = True  # TE #2372: RHT cast fusion fails on sm_120/sm_121
+            if "override_linear_precision" in fields:
+                kwargs["override_linear_precision"] = (False, False, True)  # (fprop, dgrad, wgrad)
+            elif "backward_override" in fields:
+                kwargs["backward_override"] = "high_precision"
+        return cls(**kwargs)
+    raise ValueError(f"megatron.precision must be bf16, fp8 or nvfp4, got {precision!r}")
+
+
+def te_autocast(recipe):
+    """TransformerEngine's autocast context for ``recipe`` (a no-op for ``None``)."""
+    if recipe is None:
+        return contextlib.nullcontext()
+    import transformer_engine.pytorch as te
+
+    if hasattr(te, "autocast"):  # TE >= 2.8
+        return te.autocast(enabled=True, recipe=recipe)
+    return te.fp8_autocast(enabled=True, fp8_recipe=recipe)
+
+
+# ---------------------------------------------------------------- forward
+
+
+@contextlib.contextmanager
+def _hidden_states_only(model):
+    """Make ``GPTModel.forward`` return the final (normed) hidden states ``[b, s, h]``.
+
+    ``GPTModel._postprocess`` calls ``output_layer(hidden, weight=..., runtime_gather_output=...)``
+    and returns its result transposed to ``[b, s, ...]``; an identity output layer turns that into
+    the decoder's output, so the LM head can be applied a vocabulary chunk at a time.
+    """
+    layer = model.output_layer
+    original = layer.forward
+    layer.forward = lambda hidden, *args, **kwargs: (hidden, None)
+    try:
+        yield
+    finally:
+        layer.forward = original
+
+
+def _check_right_padded(attention_mask: torch.Tensor) -> None:
+    mask = attention_mask.long()
+    if bool((mask[:, 1:] > mask[:, :-1]).any()):
+        raise ValueError(
+            "the Megatron backend expects right-padded TokenBatches (a 0 before a 1 in attention_mask)"
+        )
+
+
+def token_logprobs(
+    model,
+    batch: TokenBatch,
+    *,
+    temperature: float,
+    with_entropy: bool,
+    recipe=None,
+    chunk_size: int = 4096,
+    pad_to: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``[B, T]`` logprobs (and entropy) of ``input_ids[:, t]`` predicted at ``t - 1`` by a GPTModel.
+
+    Zero where ``completion_mask`` is 0; differentiable when grad is enabled. The batch is
+    right-padded, so causal attention alone keeps padding out of every real position.
+    """
+    from slime_gb10.grpo.logprobs import chunked_logprobs_entropy
+
+    module = getattr(model, "module", model)
+    input_ids = batch.input_ids
+    _check_right_padded(batch.attention_mask)
+    bsz, seq = input_ids.shape
+    padded = math.ceil(seq / pad_to) * pad_to  # FP8/NVFP4 GEMMs want token counts in multiples of 16
+    if padded != seq:
+        input_ids = torch.nn.functional.pad(input_ids, (0, padded - seq), value=0)
+    position_ids = torch.arange(padded, device=input_ids.device).expand(bsz, padded)
+    # [1, 1, s, s] bool, True = masked: the causal mask, built here so no CUDA default is assumed.
+    causal = torch.triu(torch.ones(padded, padded, dtype=torch.bool, device=input_ids.device), diagonal=1)
+    with _hidden_states_only(module), te_autocast(recipe):
+        hidden = model(input_ids, position_ids, causal[None, None])  # [b, s, h]
+    hidden = hidden[:, :seq]
+    select = batch.completion_mask[:, 1:] > 0
+    if module.share_embeddings_and_output_weights:
+        head = module.shared_embedding_or_output_weight()
+    else:
+        head = module.output_layer.weight
+    logprobs, entropy = chunked_logprobs_entropy(
+        hidden[:, :-1][select],
+        head,
+        batch.input_ids[:, 1:][select],
+        temperature=temperature,
+        chunk_size=chunk_size,
+        with_entropy=with_entropy,
+    )
+
+    def scatter(values: torch.Tensor) -> torch.Tensor:
+        full = torch.zeros(select.shape, dtype=torch.float32, device=values.device)
+        full = full.masked_scatter(select, values.float())
+        return torch.cat([full.new_zeros((bsz, 1)), full], dim=1)
+
+    return scatter(logprobs), (scatter(entropy) if entropy is not None else None)
+
+
+# ---------------------------------------------------------------- the backend
+
+
+class MegatronPolicyBackend(PolicyBackend):
+    def __init__(
+        self,
+        hf_model,
+        tokenizer,
+        device: torch.device | str,
+        *,
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.99),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        max_grad_norm: float = 1.0,
+        warmup_steps: int = 0,
+        temperature: float = 1.0,
+        transfer_dtype: torch.dtype = torch.bfloat16,
+        transformer_impl: str = "auto",
+        precision: str = "bf16",
+        use_distributed_optimizer: bool = False,
+        recompute_granularity: str = "none",
+        with_reference: bool = False,
+        seed: int = 0,
+    ):
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        self.device = torch.device(device)
+        if self.device.type != "cuda":
+            raise RuntimeError(
+                "the Megatron backend needs a CUDA GPU (Megatron-core places RoPE tables and RNG state on "
+                "CUDA); on a CPU use trainer: torch"
+            )
+        torch.cuda.set_device(self.device)
+        init_single_gpu_parallel(seed)
+        self.tokenizer = tokenizer
+        self.hf_config = hf_model.config
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.transfer_dtype = transfer_dtype
+        self.max_grad_norm = max_grad_norm
+        self.base_lr, self.warmup_steps, self.steps_done = lr, max(int(warmup_steps), 0), 0
+        self.precision = precision
+        self.recipe = te_recipe(precision)
+        self.pad_to = 16 if self.recipe is not None else 1
+
+        hf_state = {k: v.detach() for k, v in hf_model.state_dict().items()}
+        self.model, self.arch, self.flavor = build_gpt_model(
+            self.hf_config,
+            flavor=transformer_impl,
+            params_dtype=torch.bfloat16,
+            device=self.device,
+            recompute_granularity=recompute_granularity,
+        )
+        load_hf_weights(self.model, hf_state, self.arch, self.flavor)
+        self.reference = None
+        if with_reference:
+            self.reference, _, _ = build_gpt_model(self.hf_config, flavor=self.flavor, device=self.device)
+            load_hf_weights(self.reference, hf_state, self.arch, self.flavor)
+            self.reference.eval().requires_grad_(False)
+        del hf_state
+
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True,
+            overlap_grad_reduce=False,
+            use_distributed_optimizer=use_distributed_optimizer,
+        )
+        self.ddp_model = DistributedDataParallel(self.model.config, ddp_config, self.model)
+        opt_config = OptimizerConfig(
+            optimizer="adam",
+            lr=lr,
+            min_lr=0.0,
+            weight_decay=weight_decay,
+            adam_beta1=betas[0],
+            adam_beta2=betas[1],
+            adam_eps=eps,
+            clip_grad=max_grad_norm,
+            bf16=True,
+            params_dtype=torch.bfloat16,
+            use_distributed_optimizer=use_distributed_optimizer,
+        )
+        self.optimizer = get_megatron_optimizer(opt_config, [self.ddp_model])
+        self.num_parameters = sum(p.numel() for p in self.model.parameters())
+        log.info(
+            "Megatron-core GPTModel: %.1fM parameters, %s layer spec, precision %s",
+            self.num_parameters / 1e6,
+            self.flavor,
+            precision,
+        )
+
+    # ---------------------------------------------------------------- logprobs
+    def _logprobs(self, model, batch: TokenBatch, with_entropy: bool):
+        return token_logprobs(
+            model,
+            self._to_device(batch),
+            temperature=self.temperature,
+            with_entropy=with_entropy,
+            recipe=self.recipe,
+            pad_to=self.pad_to,
+        )
+
+    @torch.no_grad()
+    def logprobs(self, batch: TokenBatch, *, with_entropy: bool = False):
+        self.ddp_model.eval()
+        return self._logprobs(self.ddp_model, batch, with_entropy)
+
+    @torch.no_grad()
+    def reference_logprobs(self, batch: TokenBatch) -> torch.Tensor:
+        """Logprobs under the frozen initial policy (KL term / metric)."""
+        if self.reference is None:
+            raise RuntimeError("no reference model was built (algo.beta == 0 and algo.ref_kl_metric is off)")
+        return self._logprobs(self.reference, batch, False)[0]
+
+    # ---------------------------------------------------------------- training
+    def _lr(self) -> float:
+        if not self.warmup_steps:
+            return self.base_lr
+        return self.base_lr * min(1.0, (self.steps_done + 1) / self.warmup_steps)
+
+    def train_step(self, microbatches: Sequence[tuple[TokenBatch, dict[str, torch.Tensor]]], loss_fn):
+        self.ddp_model.train()
+        self.ddp_model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        total_loss, weight_total, sums = 0.0, 0.0, {}
+        for batch, extras in microbatches:
+            batch = self._to_device(batch)
+            extras = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in extras.items()}
+            logprobs, entropy = self._logprobs(self.ddp_model, batch, True)
+            loss, metrics = loss_fn(logprobs, entropy, batch, extras)
+            scale = float(extras.get("loss_scale", 1.0))
+            if not torch.isfinite(loss.detach()):
+                self.ddp_model.zero_grad_buffer()
+                raise NonFiniteError(f"the loss is {loss.item()} (not finite)")
+            (loss * scale).backward()
+            total_loss += float(loss.detach()) * scale
+            weight = float(batch.completion_mask.sum())
+            weight_total += weight
+            for key, value in metrics.items():
+                v = float(value)
+                if math.isfinite(v):
+                    sums[key] = sums.get(key, 0.0) + v * weight
+        self.ddp_model.finish_grad_sync()
+        grads_finite = torch.stack(
+            [p.main_grad.isfinite().all() for p in self.model.parameters() if p.requires_grad]
+        ).all()
+        if not bool(grads_finite):
+            self.ddp_model.zero_grad_buffer()
+            raise NonFiniteError("the gradient has NaN/Inf entries; the optimizer step was skipped")
+        lr = self._lr()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        update_ok, grad_norm, _ = self.optimizer.step()
+        if not update_ok:
+            raise NonFiniteError("Megatron's optimizer skipped the step (non-finite gradients)")
+        self.steps_done += 1
+        metrics = {k: v / max(weight_total, 1.0) for k, v in sums.items()}
+        metrics["lr"] = lr
+        return TrainStepResult(loss=total_loss, grad_norm=float(grad_norm or 0.0), metrics=metrics)
+
+    # ---------------------------------------------------------------- weights / checkpoints
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """The current weights under Hugging Face names (contiguous copies of the split views)."""
+        return megatron_to_hf(megatron_state(self.model), self.arch, self.flavor)
+
+    def export_weights(self, bucket_bytes: int):
+        from slime_gb10.grpo.weight_sync import make_weight_stream
+
+        named = hf_named_tensors_fn(lambda: megatron_state(self.model), self.arch, self.flavor)
+        return make_weight_stream(named, bucket_bytes=bucket_bytes, transfer_dtype=self.transfer_dtype)
+
+    def state_dict(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "steps_done": self.steps_done,
+            "flavor": self.flavor,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("flavor", self.flavor) != self.flavor:
+            raise RuntimeError(
+                f"checkpoint was written with the {state['flavor']!r} layer spec, this run uses {self.flavor!r}; "
+                "set megatron.transformer_impl to match"
+            )
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps_done = int(state.get("steps_done", 0))
+
+    def save_pretrained(self, directory: str) -> None:
+        from transformers import AutoModelForCausalLM
+
+        hf_model = AutoModelForCausalLM.from_config(self.hf_config, dtype=torch.bfloat16)
+        missing, unexpected = hf_model.load_state_dict(self.hf_state_dict(), strict=False)
+        missing = [k for k in missing if not (k == "lm_head.weight" and self.arch.tie_word_embeddings)]
+        if missing or unexpected:
+            raise RuntimeError(
+                f"export does not fill the HF model: missing {missing[:3]}, unexpected {unexpected[:3]}"
+            )
+        if self.arch.tie_word_embeddings:
+            hf_model.tie_weights()
+        hf_model.save_pretrained(directory, safe_serialization=True)
+        self.tokenizer.save_pretrained(directory)
+
+    def _to_device(self, batch: TokenBatch) -> TokenBatch:
+        if batch.input_ids.device == self.device:
+            return batch
+        return TokenBatch(
+            input_ids=batch.input_ids.to(self.device, non_blocking=True),
+            attention_mask=batch.attention_mask.to(self.device, non_blocking=True),
+            completion_mask=batch.completion_mask.to(self.device, non_blocking=True),
+        )
+
+
+def build_backend(config, tokenizer, device) -> MegatronPolicyBackend:
+    """Registry entry point (``backends.trainer: megatron``)."""
+    from slime_gb10.grpo.models import load_causal_lm, resolve_model_path
+
+    device = torch.device(device)
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # Megatron's usual setting
+    path = resolve_model_path(config.model.name_or_path)
+    hf_model = load_causal_lm(path, dtype=torch.float32, trust_remote_code=config.model.trust_remote_code)
+    try:
+        from slime_gb10.grpo.engines.torch_engine import engine_dtype
+
+        transfer_dtype = engine_dtype(config, device)
+    except ImportError:
+        transfer_dtype = torch.bfloat16
+    mcfg = config.megatron
+    return MegatronPolicyBackend(
+        hf_model,
+        tokenizer,
+        device,
+        lr=config.train.lr,
+        betas=tuple(config.train.adam_betas),
+        eps=config.train.adam_eps,
+        weight_decay=config.train.weight_decay,
+        max_grad_norm=config.train.max_grad_norm,
+        warmup_steps=config.train.warmup_steps,
+        temperature=config.rollout.temperature,
+        transfer_dtype=transfer_dtype,
+        transformer_impl=mcfg.transformer_impl,
+        precision=mcfg.precision,
+        use_distributed_optimizer=mcfg.use_distributed_optimizer,
+        recompute_granularity=mcfg.recompute_granularity,
+        with_reference=config.algo.beta > 0 or config.algo.ref_kl_metric,
+        seed=config.train.seed,
+    )
