@@ -1,0 +1,288 @@
+"""Token logprobs and entropy from the last hidden state, chunked over the vocabulary.
+
+The GRPO loss needs ``log p(token)`` (and optionally the entropy) of every completion token.
+The naive way, ``log_softmax(hidden @ W.T / T)``, materialises ``[tokens, vocab]`` logits in
+FP32: for Qwen's vocabulary of 151,936 and 16k tokens that is 9.7 GB, plus as much again for the
+softmax gradient. Here the vocabulary is processed in chunks of ``chunk_size`` rows of the LM
+head (and the tokens in blocks of ``token_chunk_size``) with an online logsumexp (Milakov &
+Gimelshein 2018, "Online normalizer calculation for softmax"; the same running max/sum as
+FlashAttention), so the extra memory is ``O(token_chunk_size * chunk_size)``:
+
+    running max   m   <- max(m, max_j z_j)
+    running sum   s   <- s * exp(m_old - m) + sum_j exp(z_j - m)
+    running       q   <- (q + s_old (m_old - m)) * exp(m_old - m) + sum_j exp(z_j - m) (z_j - m)
+    logsumexp         =  m + log s
+    log p(target)     =  z_target - logsumexp
+    entropy H         = -sum_j p_j log p_j = log s - q / s
+
+with ``z = (hidden @ W.T + b) / T`` (temperature ``T``, as the rollout engine samples). The
+backward pass (a custom :class:`torch.autograd.Function`) recomputes each chunk's logits from
+the saved hidden state, LM head and per-token logsumexp/entropy, using
+
+    d log p_target / d z_j = 1[j = target] - p_j
+    d H / d z_j            = -p_j (log p_j + H)
+
+Numerics: the matmul runs in the input dtype (bf16 logits for a bf16 model, as a bf16 LM head
+computes them; the same holds for the gradient matmuls), everything after it in float32
+(float64 for float64 input, which the tests use for ``gradcheck``). :func:`naive_logprobs_entropy`
+is the pure-torch reference the tests compare against.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _chunk_logits(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    temperature: float,
+    acc: torch.dtype,
+) -> torch.Tensor:
+    z = (hidden @ weight.T).to(acc)
+    if bias is not None:
+        z = z + bias.to(acc)
+    if temperature != 1.0:
+        z = z / temperature
+    return z
+
+
+class _ChunkedLogprobsEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size, token_chunk_size, with_entropy):
+        acc = _acc_dtype(hidden.dtype)
+        n = hidden.shape[0]
+        vocab = weight.shape[0]
+        logprobs = torch.empty(n, dtype=acc, device=hidden.device)
+        lse = torch.empty(n, dtype=acc, device=hidden.device)
+        entropy = torch.empty(n if with_entropy else 0, dtype=acc, device=hidden.device)
+        for t0 in range(0, n, token_chunk_size):
+            t1 = min(n, t0 + token_chunk_size)
+            h = hidden[t0:t1]
+            tgt = targets[t0:t1]
+            m = s = q = None
+            target_logit = torch.zeros(t1 - t0, dtype=acc, device=hidden.device)
+            for v0 in range(0, vocab, chunk_size):
+                v1 = min(vocab, v0 + chunk_size)
+                z = _chunk_logits(h, weight[v0:v1], None if bias is None else bias[v0:v1], temperature, acc)
+                chunk_max = z.amax(dim=1)
+                if m is None:
+                    new_m = chunk_max
+                    e = torch.exp(z - new_m[:, None])
+                    s = e.sum(dim=1)
+                    if with_entropy:
+                        q = (e * (z - new_m[:, None])).sum(dim=1)
+                else:
+                    new_m = torch.maximum(m, chunk_max)
+                    scale = torch.exp(m - new_m)
+                    e = torch.exp(z - new_m[:, None])
+                    if with_entropy:
+                        q = (q + s * (m - new_m)) * scale + (e * (z - new_m[:, None])).sum(dim=1)
+                    s = s * scale + e.sum(dim=1)
+                m = new_m
+                in_chunk = (tgt >= v0) & (tgt < v1)
+                local = (tgt - v0).clamp(0, v1 - v0 - 1)
+                target_logit = torch.where(in_chunk, z.gather(1, local[:, None]).squeeze(1), target_logit)
+            log_s = torch.log(s)
+            lse[t0:t1] = m + log_s
+            logprobs[t0:t1] = target_logit - lse[t0:t1]
+            if with_entropy:
+                entropy[t0:t1] = log_s - q / s
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
+        ctx.temperature = temperature
+        ctx.chunk_size = chunk_size
+        ctx.token_chunk_size = token_chunk_size
+        ctx.with_entropy = with_entropy
+        ctx.set_materialize_grads(False)
+        if not with_entropy:
+            ctx.mark_non_differentiable(entropy)
+        return logprobs, entropy
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_logprobs, grad_entropy):
+        hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        if not ctx.with_entropy or (grad_entropy is not None and grad_entropy.numel() == 0):
+            grad_entropy = None
+        if grad_logprobs is None and grad_entropy is None:
+            return None, None, None, None, None, None, None, None
+        acc = lse.dtype
+        n, vocab = hidden.shape[0], weight.shape[0]
+        temperature, cs, tcs = ctx.temperature, ctx.chunk_size, ctx.token_chunk_size
+        grad_hidden = (
+            torch.zeros(n, hidden.shape[1], dtype=acc, device=hidden.device) if need_hidden else None
+        )
+        grad_weight = torch.empty_like(weight) if need_weight else None
+        grad_bias = torch.empty_like(bias) if need_bias else None
+        for v0 in range(0, vocab, cs):
+            v1 = min(vocab, v0 + cs)
+            w = weight[v0:v1]
+            b = None if bias is None else bias[v0:v1]
+            gw = (
+                torch.zeros(v1 - v0, weight.shape[1], dtype=acc, device=weight.device)
+                if need_weight
+                else None
+            )
+            gb = torch.zeros(v1 - v0, dtype=acc, device=weight.device) if need_bias else None
+            for t0 in range(0, n, tcs):
+                t1 = min(n, t0 + tcs)
+                h = hidden[t0:t1]
+                z = _chunk_logits(h, w, b, temperature, acc)
+                logp = z - lse[t0:t1, None]
+                p = torch.exp(logp)
+                g = torch.zeros_like(z)
+                if grad_logprobs is not None:
+                    glp = grad_logprobs[t0:t1].to(acc)
+                    g = g - p * glp[:, None]
+                    tgt = targets[t0:t1]
+                    in_chunk = (tgt >= v0) & (tgt < v1)
+                    local = (tgt - v0).clamp(0, v1 - v0 - 1)
+                    g.scatter_add_(
+                        1, local[:, None], torch.where(in_chunk, glp, torch.zeros_like(glp))[:, None]
+                    )
+                if grad_entropy is not None:
+                    g = g - grad_entropy[t0:t1, None].to(acc) * p * (logp + entropy[t0:t1, None])
+                if temperature != 1.0:
+                    g = g / temperature
+                g_mm = g.to(hidden.dtype)
+                if need_hidden:
+                    grad_hidden[t0:t1] += (g_mm @ w).to(acc)
+                if need_weight:
+                    gw += (g_mm.T @ h).to(acc)
+                if need_bias:
+                    gb += g.sum(dim=0)
+            if need_weight:
+                grad_weight[v0:v1] = gw.to(weight.dtype)
+            if need_bias:
+                grad_bias[v0:v1] = gb.to(bias.dtype)
+        if need_hidden:
+            grad_hidden = grad_hidden.to(hidden.dtype)
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
+
+
+def chunked_logprobs_entropy(
+    hidden: torch.Tensor,
+    lm_head_weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 4096,
+    with_entropy: bool = True,
+    lm_head_bias: torch.Tensor | None = None,
+    token_chunk_size: int = 4096,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``log softmax(hidden @ W.T / T)[target]`` and the entropy per row, without ``[N, V]`` logits.
+
+    ``hidden`` ``[N, H]``, ``lm_head_weight`` ``[V, H]``, ``targets`` ``[N]`` (int, in ``[0, V)``).
+    Returns ``(logprobs [N], entropy [N] or None)`` in float32 (float64 for float64 input).
+    Differentiable w.r.t. ``hidden``, ``lm_head_weight`` and ``lm_head_bias`` (first order); the
+    backward recomputes the logits chunk by chunk. Peak extra memory is about
+    ``6 * token_chunk_size * chunk_size`` floats, independent of ``V``.
+    """
+    if hidden.dim() != 2 or lm_head_weight.dim() != 2 or hidden.shape[1] != lm_head_weight.shape[1]:
+        raise ValueError(
+            f"hidden {tuple(hidden.shape)} must be [N, H] and lm_head_weight {tuple(lm_head_weight.shape)} [V, H]"
+        )
+    if targets.shape != (hidden.shape[0],):
+        raise ValueError(f"targets {tuple(targets.shape)} must be [N] = [{hidden.shape[0]}]")
+    if temperature <= 0:
+        raise ValueError(
+            f"temperature must be > 0 (greedy decoding has no logprobs to train on), got {temperature}"
+        )
+    if chunk_size <= 0 or token_chunk_size <= 0:
+        raise ValueError("chunk_size and token_chunk_size must be positive")
+    vocab = lm_head_weight.shape[0]
+    if lm_head_bias is not None and lm_head_bias.shape != (vocab,):
+        raise ValueError(f"lm_head_bias {tuple(lm_head_bias.shape)} must be [V] = [{vocab}]")
+    if hidden.dtype != lm_head_weight.dtype:
+        raise ValueError(
+            f"hidden ({hidden.dtype}) and lm_head_weight ({lm_head_weight.dtype}) must share a dtype"
+        )
+    targets = targets.long()
+    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= vocab):
+        raise ValueError(
+            f"targets must be token ids in [0, {vocab}); got min {int(targets.min())} max {int(targets.max())}"
+        )
+    if hidden.shape[0] == 0:
+        empty = hidden.new_zeros(0, dtype=_acc_dtype(hidden.dtype)) + hidden.sum() * 0
+        return empty, (empty.clone() if with_entropy else None)
+    logprobs, entropy = _ChunkedLogprobsEntropy.apply(
+        hidden,
+        lm_head_weight,
+        lm_head_bias,
+        targets,
+        float(temperature),
+        chunk_size,
+        token_chunk_size,
+        with_entropy,
+    )
+    return logprobs, (entropy if with_entropy else None)
+
+
+def naive_logprobs_entropy(
+    hidden: torch.Tensor,
+    lm_head_weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    lm_head_bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference: full ``[N, V]`` logits, ``log_softmax``, gather, ``-sum p log p`` (tests only: O(N*V) memory)."""
+    logits = F.linear(hidden, lm_head_weight, lm_head_bias).to(_acc_dtype(hidden.dtype)) / temperature
+    logp = torch.log_softmax(logits, dim=-1)
+    token_logp = logp.gather(1, targets.long()[:, None]).squeeze(1)
+    entropy = -(logp.exp() * logp).sum(dim=-1)
+    return token_logp, entropy
+
+
+def sequence_logprobs_entropy(
+    hidden: torch.Tensor,
+    lm_head_weight: torch.Tensor,
+    input_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 4096,
+    with_entropy: bool = True,
+    lm_head_bias: torch.Tensor | None = None,
+    token_chunk_size: int = 4096,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-position logprobs ``[B, T]`` of ``input_ids`` from the last hidden states ``[B, T, H]``.
+
+    Token ``t`` is predicted from position ``t - 1`` (``TokenBatch`` convention), so row ``t`` of
+    the output is ``log p(input_ids[:, t] | hidden[:, t - 1])``. Only positions where
+    ``completion_mask`` is nonzero are computed (prompt and padding tokens cost nothing); the
+    others, and position 0, are 0. Differentiable like :func:`chunked_logprobs_entropy`.
+    """
+    if hidden.dim() != 3 or input_ids.shape != hidden.shape[:2] or completion_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"hidden {tuple(hidden.shape)} must be [B, T, H] with input_ids {tuple(input_ids.shape)} and "
+            f"completion_mask {tuple(completion_mask.shape)} both [B, T]"
+        )
+    batch, length = input_ids.shape
+    selected = completion_mask[:, 1:].bool()
+    rows = hidden[:, :-1][selected]
+    targets = input_ids[:, 1:][selected]
+    logprobs, entropy = chunked_logprobs_entropy(
+        rows,
+        lm_head_weight,
+        targets,
+        temperature=temperature,
+        chunk_size=chunk_size,
+        with_entropy=with_entropy,
+        lm_head_bias=lm_head_bias,
+        token_chunk_size=token_chunk_size,
+    )
+
+    def scatter(values: torch.Tensor) -> torch.Tensor:
+        full = values.new_zeros(batch, length - 1).masked_scatter(selected, values)
+        return F.pad(full, (1, 0))
+
+    return scatter(logprobs), (scatter(entropy) if entropy is not None else None)
