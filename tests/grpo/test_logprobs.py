@@ -126,6 +126,47 @@ def test_low_precision_close_to_naive_same_dtype(dtype, tol):
     torch.testing.assert_close(gw.float(), weight.grad.float(), rtol=5 * tol, atol=5 * tol)
 
 
+def test_mixed_dtypes_promote_bf16_activations_fp32_weights():
+    # bf16 activations with fp32 master weights, no autocast: the matmul runs in fp32 (promotion),
+    # each gradient comes back in its input's dtype
+    hidden, weight, _, targets = make_inputs(24, 16, 300, dtype=torch.float32, seed=9)
+    h_bf16 = hidden.detach().bfloat16().requires_grad_()
+    lp, ent = chunked_logprobs_entropy(h_bf16, weight, targets, chunk_size=64, token_chunk_size=10)
+    h_ref = h_bf16.detach().float().requires_grad_()
+    ref_lp, ref_ent = naive_logprobs_entropy(h_ref, weight, targets)
+    torch.testing.assert_close(lp, ref_lp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent, ref_ent, rtol=1e-5, atol=1e-5)
+    (lp.sum() + ent.sum()).backward()
+    gw = weight.grad.clone()
+    weight.grad = None
+    (ref_lp.sum() + ref_ent.sum()).backward()
+    assert h_bf16.grad.dtype == torch.bfloat16 and gw.dtype == torch.float32
+    torch.testing.assert_close(h_bf16.grad, h_ref.grad.bfloat16())
+    torch.testing.assert_close(gw, weight.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_inside_autocast_matches_autocast_linear():
+    # fp32 model under torch.autocast(bf16), as the torch backend runs it: the logits matmul runs
+    # in bf16 like an autocast nn.Linear LM head; backward (outside autocast) still works
+    hidden, weight, _, targets = make_inputs(24, 16, 300, dtype=torch.float32, seed=10)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lp, ent = chunked_logprobs_entropy(hidden, weight, targets, chunk_size=64)
+        ref_lp, ref_ent = naive_logprobs_entropy(hidden, weight, targets)
+    assert lp.dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=False):
+        exact_lp, _ = naive_logprobs_entropy(hidden, weight, targets)
+    torch.testing.assert_close(lp, ref_lp, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(ent, ref_ent, rtol=2e-2, atol=2e-2)
+    assert not torch.allclose(lp, exact_lp, rtol=1e-6, atol=1e-6)  # really computed in bf16
+    (lp.sum() + ent.sum()).backward()
+    gh, gw = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    (ref_lp.sum() + ref_ent.sum()).backward()
+    assert gh.dtype == torch.float32 and gw.dtype == torch.float32
+    torch.testing.assert_close(gh, hidden.grad, rtol=5e-2, atol=5e-2)
+    torch.testing.assert_close(gw, weight.grad, rtol=5e-2, atol=5e-2)
+
+
 # --- memory bound ----------------------------------------------------------------------------
 
 
@@ -242,7 +283,5 @@ def test_errors():
         chunked_logprobs_entropy(hidden, weight[:, :2], targets)
     with pytest.raises(ValueError, match="targets"):
         chunked_logprobs_entropy(hidden, weight, targets[:2])
-    with pytest.raises(ValueError, match="share a dtype"):
-        chunked_logprobs_entropy(hidden.float(), weight, targets)
     empty_lp, empty_ent = chunked_logprobs_entropy(hidden[:0], weight, targets[:0])
     assert empty_lp.shape == (0,) and empty_ent.shape == (0,)

@@ -22,9 +22,11 @@ the saved hidden state, LM head and per-token logsumexp/entropy, using
     d log p_target / d z_j = 1[j = target] - p_j
     d H / d z_j            = -p_j (log p_j + H)
 
-Numerics: the matmul runs in the input dtype (bf16 logits for a bf16 model, as a bf16 LM head
-computes them; the same holds for the gradient matmuls), everything after it in float32
-(float64 for float64 input, which the tests use for ``gradcheck``). :func:`naive_logprobs_entropy`
+Numerics: the matmuls (logits and both gradients) run in :func:`matmul_dtype` -- the autocast
+dtype inside ``torch.autocast`` (as an autocast ``nn.Linear`` LM head would), else the promoted
+dtype of hidden and weight (bf16 logits for a bf16 model) -- and everything after them in float32
+(float64 for float64 input, which the tests use for ``gradcheck``). Gradients come back in the
+dtype of each input (fp32 master weights get fp32 gradients). :func:`naive_logprobs_entropy`
 is the pure-torch reference the tests compare against.
 """
 
@@ -43,9 +45,10 @@ def _chunk_logits(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     temperature: float,
+    mm: torch.dtype,
     acc: torch.dtype,
 ) -> torch.Tensor:
-    z = (hidden @ weight.T).to(acc)
+    z = (hidden.to(mm) @ weight.to(mm).T).to(acc)
     if bias is not None:
         z = z + bias.to(acc)
     if temperature != 1.0:
@@ -53,10 +56,38 @@ def _chunk_logits(
     return z
 
 
+def matmul_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The dtype of the logits matmul: the autocast dtype inside ``torch.autocast``, else the promoted input dtype."""
+    device_type = hidden.device.type
+    if device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return torch.promote_types(hidden.dtype, weight.dtype)
+
+
 class _ChunkedLogprobsEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size, token_chunk_size, with_entropy):
-        acc = _acc_dtype(hidden.dtype)
+    def forward(
+        ctx, hidden, weight, bias, targets, temperature, chunk_size, token_chunk_size, with_entropy, mm
+    ):
+        with torch.autocast(hidden.device.type, enabled=False):
+            return _ChunkedLogprobsEntropy._forward(
+                ctx,
+                hidden,
+                weight,
+                bias,
+                targets,
+                temperature,
+                chunk_size,
+                token_chunk_size,
+                with_entropy,
+                mm,
+            )
+
+    @staticmethod
+    def _forward(
+        ctx, hidden, weight, bias, targets, temperature, chunk_size, token_chunk_size, with_entropy, mm
+    ):
+        acc = _acc_dtype(mm)
         n = hidden.shape[0]
         vocab = weight.shape[0]
         logprobs = torch.empty(n, dtype=acc, device=hidden.device)
@@ -70,7 +101,9 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
             target_logit = torch.zeros(t1 - t0, dtype=acc, device=hidden.device)
             for v0 in range(0, vocab, chunk_size):
                 v1 = min(vocab, v0 + chunk_size)
-                z = _chunk_logits(h, weight[v0:v1], None if bias is None else bias[v0:v1], temperature, acc)
+                z = _chunk_logits(
+                    h, weight[v0:v1], None if bias is None else bias[v0:v1], temperature, mm, acc
+                )
                 chunk_max = z.amax(dim=1)
                 if m is None:
                     new_m = chunk_max
@@ -99,6 +132,7 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
         ctx.chunk_size = chunk_size
         ctx.token_chunk_size = token_chunk_size
         ctx.with_entropy = with_entropy
+        ctx.mm = mm
         ctx.set_materialize_grads(False)
         if not with_entropy:
             ctx.mark_non_differentiable(entropy)
@@ -107,13 +141,18 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_logprobs, grad_entropy):
+        with torch.autocast(grad_logprobs.device.type if grad_logprobs is not None else "cpu", enabled=False):
+            return _ChunkedLogprobsEntropy._backward(ctx, grad_logprobs, grad_entropy)
+
+    @staticmethod
+    def _backward(ctx, grad_logprobs, grad_entropy):
         hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
         if not ctx.with_entropy or (grad_entropy is not None and grad_entropy.numel() == 0):
             grad_entropy = None
         if grad_logprobs is None and grad_entropy is None:
-            return None, None, None, None, None, None, None, None
-        acc = lse.dtype
+            return None, None, None, None, None, None, None, None, None
+        acc, mm = lse.dtype, ctx.mm
         n, vocab = hidden.shape[0], weight.shape[0]
         temperature, cs, tcs = ctx.temperature, ctx.chunk_size, ctx.token_chunk_size
         grad_hidden = (
@@ -134,7 +173,7 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
             for t0 in range(0, n, tcs):
                 t1 = min(n, t0 + tcs)
                 h = hidden[t0:t1]
-                z = _chunk_logits(h, w, b, temperature, acc)
+                z = _chunk_logits(h, w, b, temperature, mm, acc)
                 logp = z - lse[t0:t1, None]
                 p = torch.exp(logp)
                 g = torch.zeros_like(z)
@@ -151,11 +190,11 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
                     g = g - grad_entropy[t0:t1, None].to(acc) * p * (logp + entropy[t0:t1, None])
                 if temperature != 1.0:
                     g = g / temperature
-                g_mm = g.to(hidden.dtype)
+                g_mm = g.to(mm)
                 if need_hidden:
-                    grad_hidden[t0:t1] += (g_mm @ w).to(acc)
+                    grad_hidden[t0:t1] += (g_mm @ w.to(mm)).to(acc)
                 if need_weight:
-                    gw += (g_mm.T @ h).to(acc)
+                    gw += (g_mm.T @ h.to(mm)).to(acc)
                 if need_bias:
                     gb += g.sum(dim=0)
             if need_weight:
@@ -164,7 +203,7 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
                 grad_bias[v0:v1] = gb.to(bias.dtype)
         if need_hidden:
             grad_hidden = grad_hidden.to(hidden.dtype)
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None
 
 
 def chunked_logprobs_entropy(
@@ -181,7 +220,9 @@ def chunked_logprobs_entropy(
     """``log softmax(hidden @ W.T / T)[target]`` and the entropy per row, without ``[N, V]`` logits.
 
     ``hidden`` ``[N, H]``, ``lm_head_weight`` ``[V, H]``, ``targets`` ``[N]`` (int, in ``[0, V)``).
-    Returns ``(logprobs [N], entropy [N] or None)`` in float32 (float64 for float64 input).
+    ``hidden`` and the weight may differ in dtype (e.g. bf16 activations, fp32 master weights) and
+    the call may sit inside ``torch.autocast``: see :func:`matmul_dtype`.
+    Returns ``(logprobs [N], entropy [N] or None)`` in float32 (float64 for a float64 matmul).
     Differentiable w.r.t. ``hidden``, ``lm_head_weight`` and ``lm_head_bias`` (first order); the
     backward recomputes the logits chunk by chunk. Peak extra memory is about
     ``6 * token_chunk_size * chunk_size`` floats, independent of ``V``.
@@ -201,17 +242,14 @@ def chunked_logprobs_entropy(
     vocab = lm_head_weight.shape[0]
     if lm_head_bias is not None and lm_head_bias.shape != (vocab,):
         raise ValueError(f"lm_head_bias {tuple(lm_head_bias.shape)} must be [V] = [{vocab}]")
-    if hidden.dtype != lm_head_weight.dtype:
-        raise ValueError(
-            f"hidden ({hidden.dtype}) and lm_head_weight ({lm_head_weight.dtype}) must share a dtype"
-        )
+    mm = matmul_dtype(hidden, lm_head_weight)
     targets = targets.long()
     if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= vocab):
         raise ValueError(
             f"targets must be token ids in [0, {vocab}); got min {int(targets.min())} max {int(targets.max())}"
         )
     if hidden.shape[0] == 0:
-        empty = hidden.new_zeros(0, dtype=_acc_dtype(hidden.dtype)) + hidden.sum() * 0
+        empty = hidden.new_zeros(0, dtype=_acc_dtype(mm)) + hidden.sum() * 0
         return empty, (empty.clone() if with_entropy else None)
     logprobs, entropy = _ChunkedLogprobsEntropy.apply(
         hidden,
@@ -222,6 +260,7 @@ def chunked_logprobs_entropy(
         chunk_size,
         token_chunk_size,
         with_entropy,
+        mm,
     )
     return logprobs, (entropy if with_entropy else None)
 
