@@ -65,6 +65,7 @@ def test_missing_file_is_file_not_found():
     with pytest.raises(DatasetNotFoundError, match=r"nope\.jsonl' does not exist") as info:
         load_prompt_dataset(DATA / "nope.jsonl")
     assert isinstance(info.value, FileNotFoundError) and isinstance(info.value, DatasetError)
+    assert isinstance(info.value, ValueError)  # DatasetError is a ValueError
 
 
 def test_wrong_columns_lists_found_columns_and_flags():
@@ -94,9 +95,9 @@ def test_gsm8k_answer_without_marker():
 
 
 def test_other_errors(tmp_path):
-    (tmp_path / "x.csv").write_text("a,b\n")
-    with pytest.raises(DatasetError, match=r"unsupported extension '\.csv'"):
-        load_prompt_dataset(tmp_path / "x.csv")
+    (tmp_path / "x.tsv").write_text("a\tb\n")
+    with pytest.raises(DatasetError, match=r"unsupported extension '\.tsv'"):
+        load_prompt_dataset(tmp_path / "x.tsv")
     with pytest.raises(DatasetError, match="is a directory"):
         load_prompt_dataset(tmp_path)
     bad = tmp_path / "list.jsonl"
@@ -109,6 +110,14 @@ def test_other_errors(tmp_path):
         load_prompt_dataset(empty_prompt)
     with pytest.raises(DatasetError, match="limit must be positive"):
         load_prompt_dataset(DATA / "generic_tiny.jsonl", limit=0)
+
+
+def test_csv_file():
+    examples = load_prompt_dataset(DATA / "gsm8k_tiny.csv")
+    assert [e.ground_truth for e in examples] == ["34", "1750"]
+    assert examples[0].prompt.startswith("Sam has 3 bags")
+    with pytest.raises(DatasetError, match=r"bad_fields\.csv:3: 3 fields but the header has 2"):
+        load_prompt_dataset(DATA / "bad_fields.csv")
 
 
 def test_json_list_file(tmp_path):
@@ -165,9 +174,9 @@ def test_split_deterministic_and_disjoint():
     assert len(split_train_eval(ex, eval_size=7)[1]) == 7
     assert split_train_eval(ex, eval_fraction=0.0)[1] == []
     assert len(split_train_eval(_examples(3), eval_fraction=0.1)[1]) == 1  # at least one
-    with pytest.raises(ValueError):
+    with pytest.raises(DatasetError, match="leaves no training prompts from 50 examples"):
         split_train_eval(ex, eval_size=50)
-    with pytest.raises(ValueError):
+    with pytest.raises(DatasetError, match="eval_fraction"):
         split_train_eval(ex, eval_fraction=1.0)
 
 

@@ -120,9 +120,7 @@ def aggregate_loss(
     mask = mask.to(per_token_loss.dtype)
     masked = per_token_loss * mask
     if mode == "token-mean":
-        denom = mask.sum() if global_count is None else global_count
-        if isinstance(denom, torch.Tensor):
-            denom = denom.clamp(min=1.0)
+        denom = mask.sum().clamp(min=1.0) if global_count is None else max(global_count, 1.0)
         return masked.sum() / denom
     if mode == "seq-mean":
         per_seq = masked.sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import random
 from collections.abc import Iterator, Sequence
@@ -22,7 +23,7 @@ from typing import Any, Literal
 DEFAULT_INSTRUCTION = "Put the final answer after ####."
 
 
-class DatasetError(Exception):
+class DatasetError(ValueError):
     """A dataset cannot be used; the message names the file, the problem and the fix."""
 
 
@@ -102,7 +103,27 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
         raise DatasetError(f"{path}: not a readable Parquet file ({exc})") from None
 
 
-_READERS = {".jsonl": _read_jsonl, ".ndjson": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet}
+def _read_csv(path: Path) -> list[dict[str, Any]]:
+    with path.open("r", encoding="utf-8", newline="") as f:
+        reader = csv.DictReader(f)
+        records = []
+        for record in reader:
+            if None in record:  # more fields than the header
+                raise DatasetError(
+                    f"{path}:{reader.line_num}: {len(record) - 1 + len(record[None])} fields but the header has "
+                    f"{len(reader.fieldnames or [])}"
+                )
+            records.append(record)
+    return records
+
+
+_READERS = {
+    ".jsonl": _read_jsonl,
+    ".ndjson": _read_jsonl,
+    ".json": _read_json,
+    ".parquet": _read_parquet,
+    ".csv": _read_csv,
+}
 
 
 def _columns(records: list[dict[str, Any]]) -> list[str]:
@@ -120,7 +141,7 @@ def load_prompt_dataset(
     layout: Literal["auto", "gsm8k", "generic"] = "auto",
     limit: int | None = None,
 ) -> list[PromptExample]:
-    """Read prompts and ground truths from a local ``.jsonl`` / ``.json`` / ``.parquet`` file.
+    """Read prompts and ground truths from a local ``.jsonl`` / ``.json`` / ``.parquet`` / ``.csv`` file.
 
     Layouts:
 
@@ -140,11 +161,11 @@ def load_prompt_dataset(
     p = Path(path)
     if not p.exists():
         raise DatasetNotFoundError(
-            f"dataset file '{p}' does not exist; pass the path of a local .jsonl or .parquet file"
+            f"dataset file '{p}' does not exist; pass the path of a local .jsonl, .json, .parquet or .csv file"
         )
     if p.is_dir():
         raise DatasetError(
-            f"dataset path '{p}' is a directory; pass a .jsonl, .json or .parquet file inside it"
+            f"dataset path '{p}' is a directory; pass a .jsonl, .json, .parquet or .csv file inside it"
         )
     reader = _READERS.get(p.suffix.lower())
     if reader is None:
@@ -224,15 +245,19 @@ def split_train_eval(
     """Deterministic train/eval split: ``eval_size`` examples (else ``round(eval_fraction * n)``, at least 1).
 
     The eval examples are picked by a seeded shuffle; both parts keep the original order.
+    :class:`DatasetError` if nothing would be left to train on.
     """
     n = len(examples)
     if eval_size is None:
         if not 0.0 <= eval_fraction < 1.0:
-            raise ValueError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
+            raise DatasetError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
         eval_size = 0 if eval_fraction == 0 else max(1, round(eval_fraction * n))
-    if eval_size < 0 or eval_size >= n:
-        raise ValueError(
-            f"eval_size {eval_size} must be in [0, {n}) for {n} examples (training needs at least one)"
+    if eval_size < 0:
+        raise DatasetError(f"eval_size must be >= 0, got {eval_size}")
+    if eval_size >= n:
+        raise DatasetError(
+            f"holding out {eval_size} eval examples leaves no training prompts from {n} examples; "
+            f"use an eval size below {n} (or 0 for no eval)"
         )
     order = list(range(n))
     random.Random(f"split:{seed}").shuffle(order)
