@@ -175,6 +175,7 @@ def write_tiny_model(
     num_heads: int = 4,
     num_kv_heads: int = 2,
     intermediate_size: int = 128,
+    initializer_range: float = 0.02,
     seed: int = 0,
 ) -> Path:
     """A small random-init Llama (real ``transformers`` architecture) with ``tokenizer``'s vocabulary.
@@ -194,6 +195,7 @@ def write_tiny_model(
         num_key_value_heads=num_kv_heads,
         max_position_embeddings=1024,
         tie_word_embeddings=True,
+        initializer_range=initializer_range,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
