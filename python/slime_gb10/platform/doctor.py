@@ -658,6 +658,14 @@ def check_package(ctx: DoctorContext, spec: PackageSpec) -> CheckResult:
                 spec.rebuild,
                 **details,
             )
+        if not child.timed_out and (m := re.search(r"No module named '([\w.]+)'", error)):
+            missing = m.group(1).split(".")[0]
+            return _fail(
+                name,
+                f"import fails: a dependency is missing: {error}",
+                f"pip install {missing} (or reinstall with dependencies: {spec.extra})",
+                **details,
+            )
         return _fail(name, f"import {child.how_it_ended()}", spec.rebuild, **details)
     version = child.data.get("version") or dist_version or "?"
     details.update(child.data)
@@ -921,7 +929,11 @@ def check_sglang_router(ctx: DoctorContext) -> CheckResult:
         return _skip("sglang_router", "sglang not installed")
     fix = "pip install --force-reinstall sglang-router (upstream publishes aarch64 wheels)"
     if not _installed("sglang_router"):
-        return _fail("sglang_router", "sglang is installed but sglang_router is not (blocker #12)", fix)
+        return _warn(
+            "sglang_router",
+            "sglang is installed, sglang_router is not: multi-engine routing unavailable (blocker #12)",
+            "pip install sglang-router (upstream publishes aarch64 wheels)",
+        )
     child = run_child_python(_IMPORT_PROBE.format(module="sglang_router"), ctx.timeout_s)
     if child.data is None:
         return _fail("sglang_router", f"import sglang_router {child.how_it_ended()} (blocker #12)", fix)
