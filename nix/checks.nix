@@ -88,7 +88,7 @@ in
     "$ptxas" --version | tee version.txt
     grep -q "release 13\." version.txt
     "$ptxas" --help | grep -q "sm_121a"
-    [ "$ptxas" = "${slime-gb10-env.env.TRITON_PTXAS_PATH}" ]
+    [ "$ptxas" = "${slime-gb10-env.runtimeEnv.TRITON_PTXAS_PATH}" ]
     touch $out
   '';
 

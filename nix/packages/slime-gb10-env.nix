@@ -58,7 +58,7 @@ let
     );
   };
 
-  env = gb10.runtimeEnv {
+  runtimeEnv = gb10.runtimeEnv {
     ptxas = lib.getExe' cudaPackages.cuda_nvcc "ptxas";
     cudaHome = "${cudaHome}";
     inherit system;
@@ -99,7 +99,7 @@ let
 
   # Shell code shared by the wrappers and the devShell.
   setupEnv = ''
-    ${gb10.shellExports env}
+    ${gb10.shellExports runtimeEnv}
     if slime_gb10_driver=$(${hostDriver}); then
       export LD_LIBRARY_PATH="$slime_gb10_driver''${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     fi
@@ -127,7 +127,7 @@ symlinkJoin {
     inherit
       python
       cudaHome
-      env
+      runtimeEnv
       hostDriver
       setupEnv
       ;

@@ -1,0 +1,223 @@
+# A fake nixpkgs for evaluating this flake where nixpkgs cannot be fetched (tests/nix).
+#
+# It mimics the interfaces the flake relies on (nix/README.md "What we rely on"): `import nixpkgs
+# { system; config; overlays; }`, callPackage, pythonPackagesExtensions, overridePythonAttrs,
+# `.override` with function args, cudaPackages_13_2 components with split outputs, _cuda.extend,
+# python3.withPackages, runCommand / symlinkJoin / mkShell / writeShellScript(Bin). Packages are
+# plain attribute sets that remember their arguments, so tests can inspect what the overlay did.
+# The nixpkgs package functions themselves are stubs that take the arguments the real ones take
+# (transformer-engine: cudaPackages, withJax, withPytorch, ...), read from nixpkgs' source.
+{
+  system,
+  config ? { },
+  overlays ? [ ],
+}:
+let
+  libPath = builtins.getEnv "SLIME_GB10_NIXPKGS_LIB";
+  lib = if libPath == "" then import ../stub-lib.nix else import libPath;
+  b = builtins;
+
+  mkDrv =
+    attrs:
+    let
+      name = attrs.name or "${attrs.pname}-${attrs.version or "0"}";
+      outputs = attrs.outputs or [ "out" ];
+      # mkDerivation: passthru attributes are attributes of the result, and `passthru` too.
+      self =
+        attrs
+        // (attrs.passthru or { })
+        // {
+          type = "derivation";
+          inherit name outputs;
+          outPath = "/nix/store/00000000000000000000000000000000-${name}";
+          drvPath = "/nix/store/00000000000000000000000000000000-${name}.drv";
+          overrideAttrs = f: mkDrv (attrs // (if b.isFunction f then f attrs else f));
+        }
+        // b.listToAttrs (
+          map (o: {
+            name = o;
+            value = self // {
+              outPath = "/nix/store/00000000000000000000000000000000-${name}-${o}";
+              outputName = o;
+              outputSpecified = true;
+            };
+          }) outputs
+        );
+    in
+    self;
+
+  # buildPythonPackage: accepts attrs or (finalAttrs: attrs), like nixpkgs.
+  buildPythonPackage =
+    attrsOrFn:
+    let
+      attrs = if b.isFunction attrsOrFn then lib.fix attrsOrFn else attrsOrFn;
+      drv = mkDrv attrs;
+    in
+    drv
+    // {
+      overridePythonAttrs = f: buildPythonPackage (attrs // (if b.isFunction f then f attrs else f));
+    };
+
+  # Every attribute a package function asks for, from `scope`; explicit args win.
+  callPackageWith =
+    scope: fn: args:
+    let
+      f = if b.isFunction fn || fn ? __functor then fn else import fn;
+      auto = b.intersectAttrs (lib.functionArgs f) scope;
+    in
+    lib.makeOverridable f (auto // args);
+
+  mkExtensible =
+    attrs:
+    attrs
+    // {
+      extend = f: mkExtensible (attrs // f (mkExtensible attrs) attrs);
+    };
+
+  cudaComponent =
+    pname: outputs:
+    mkDrv {
+      inherit pname outputs;
+      version = "13.2";
+    };
+
+  cudaPackages_13_2 = {
+    cudaMajorMinorVersion = "13.2";
+    cuda_nvcc = (cudaComponent "cuda_nvcc" [ "out" "bin" "include" ]) // { meta.mainProgram = "nvcc"; };
+    cuda_cudart = cudaComponent "cuda_cudart" [ "out" "include" "lib" "stubs" ];
+    cuda_cccl = cudaComponent "cuda_cccl" [ "out" "include" ];
+    cuda_crt = cudaComponent "cuda_crt" [ "out" "include" ];
+    cuda_nvrtc = cudaComponent "cuda_nvrtc" [ "out" "include" "lib" ];
+    cuda_nvtx = cudaComponent "cuda_nvtx" [ "out" "include" ];
+    cuda_profiler_api = cudaComponent "cuda_profiler_api" [ "out" "include" ];
+    cuda_cuobjdump = cudaComponent "cuda_cuobjdump" [ "out" "bin" ];
+    cuda_nvdisasm = cudaComponent "cuda_nvdisasm" [ "out" "bin" ];
+    cudnn = cudaComponent "cudnn" [ "out" "include" "lib" ];
+    libcublas = cudaComponent "libcublas" [ "out" "include" "lib" ];
+  };
+
+  base = final: {
+    inherit lib config;
+    stdenv.hostPlatform.system = system;
+    callPackage = callPackageWith final;
+
+    cudaPackages_12_9 = throw "fake nixpkgs: the flake must not use CUDA 12";
+    inherit cudaPackages_13_2;
+    cudaPackages = throw "fake nixpkgs: default cudaPackages (12.x in nixpkgs) used instead of the overlay's";
+    # lib.makeExtensible-like: `extend` takes `final: prev: attrs`.
+    _cuda = mkExtensible { extensions = [ ]; };
+
+    cmake = mkDrv {
+      pname = "cmake";
+      version = "4.1.2";
+    };
+    ruff = mkDrv { pname = "ruff"; version = "0.15.0"; meta.mainProgram = "ruff"; };
+    nix = mkDrv { pname = "nix"; version = "2.31"; };
+    python3 = {
+      pkgs = final.python3Packages;
+      withPackages = f: mkDrv { name = "python3-env"; packages = f final.python3Packages; };
+    };
+    pythonPackagesExtensions = [ ];
+    python3Packages = lib.fix (
+      b.foldl' (acc: ext: lib.extends ext acc) (pyBase final) final.pythonPackagesExtensions
+    );
+
+    runCommand =
+      name: env: script:
+      mkDrv (env // { inherit name; buildCommand = script; });
+    stdenvNoCC.mkDerivation = attrs: mkDrv attrs;
+    symlinkJoin = attrs: mkDrv attrs;
+    mkShell = attrs: mkDrv (attrs // { name = attrs.name or "shell"; });
+    writeShellScript = name: text: mkDrv { inherit name text; };
+    writeShellScriptBin =
+      name: text:
+      mkDrv {
+        inherit name text;
+        meta.mainProgram = name;
+      };
+  };
+
+  # The Python package set: stubs with the arguments of nixpkgs' package functions.
+  pyBase =
+    pkgs: pyFinal:
+    let
+      callPy = callPackageWith (pkgs // pyFinal);
+      simple = pname: mkDrv { inherit pname; version = "1.0"; };
+    in
+    {
+      inherit buildPythonPackage;
+      callPackage = callPy;
+      fetchPypi = { pname, version, hash }: mkDrv { name = "${pname}-${version}.tar.gz"; inherit hash; };
+      pythonOlder = v: b.compareVersions "3.13" v < 0;
+      pytestCheckHook = simple "pytest-check-hook";
+      torch = simple "torch";
+      triton = simple "triton";
+      sglang = simple "sglang";
+      pytest = simple "pytest";
+      hypothesis = simple "hypothesis";
+      setuptools = simple "setuptools";
+      wheel = simple "wheel";
+      pybind11 = simple "pybind11";
+      packaging = simple "packaging";
+      numpy = simple "numpy";
+      transformers = simple "transformers";
+      safetensors = simple "safetensors";
+      pydantic = simple "pydantic";
+      click = simple "click";
+      pyyaml = simple "pyyaml";
+      tqdm = simple "tqdm";
+      gguf = simple "gguf";
+      accelerate = simple "accelerate";
+      matplotlib = simple "matplotlib";
+      # pkgs/development/python-modules/sglang-kernel/default.nix (arguments and the attributes
+      # the overlay extends: patches, cmakeFlags, preBuild)
+      sglang-kernel = callPy (
+        {
+          lib,
+          buildPythonPackage,
+          cudaPackages,
+          torch,
+        }:
+        buildPythonPackage {
+          pname = "sglang-kernel";
+          version = "0.4.3";
+          src = mkDrv { name = "source"; };
+          sourceRoot = "source/sgl-kernel";
+          patches = [ "version-number.patch" "no-repo-fmt.patch" ];
+          cmakeFlags = [ (lib.cmakeFeature "CUDA_VERSION" cudaPackages.cudaMajorMinorVersion) ];
+          preBuild = "export CMAKE_BUILD_PARALLEL_LEVEL=$NIX_BUILD_CORES\n";
+          dependencies = [ torch ];
+        }
+      ) { };
+      # pkgs/development/python-modules/transformer-engine/default.nix (2.18 argument set)
+      transformer-engine = callPy (
+        {
+          lib,
+          buildPythonPackage,
+          cudaPackages,
+          torch,
+          withJax ? true,
+          withPytorch ? true,
+          withMpi ? false,
+        }:
+        buildPythonPackage {
+          pname = "transformer-engine";
+          version = "2.18";
+          inherit withJax withPytorch;
+          buildInputs = [
+            cudaPackages.cuda_nvtx
+            cudaPackages.cuda_profiler_api
+            cudaPackages.cudnn
+          ];
+          env = {
+            NVTE_CUDA_ARCHS = "120";
+            NVTE_FRAMEWORK = if withJax then "jax,pytorch" else "pytorch";
+          };
+          preBuild = "export NVTE_BUILD_MAX_JOBS=$NIX_BUILD_CORES\n";
+        }
+      ) { };
+    };
+
+  pkgs = lib.fix (b.foldl' (acc: overlay: lib.extends overlay acc) base overlays);
+in
+pkgs

@@ -1,0 +1,82 @@
+# A minimal stand-in for nixpkgs' `lib`, just the functions the flake uses, with the same results
+# (checked against nixpkgs' lib: nix/README.md "Static tests"). Lets tests/nix evaluate the flake
+# where nixpkgs cannot be fetched. Set SLIME_GB10_NIXPKGS_LIB=/path/to/nixpkgs/lib to run the same
+# tests with the real lib instead.
+let
+  b = builtins;
+  setFunctionArgs = f: args: {
+    __functor = _: f;
+    __functionArgs = args;
+  };
+  functionArgs = f: if f ? __functor then f.__functionArgs or (functionArgs (f.__functor f)) else b.functionArgs f;
+  getOutput = output: pkg: if pkg ? outputSpecified && pkg.outputSpecified then pkg else pkg.${output} or pkg.out or pkg;
+  getBin = getOutput "bin";
+in
+rec {
+  inherit setFunctionArgs functionArgs getOutput getBin;
+  inherit (b)
+    concatStringsSep
+    concatMap
+    filter
+    intersectAttrs
+    ;
+  optional = cond: x: if cond then [ x ] else [ ];
+  optionals = cond: xs: if cond then xs else [ ];
+  optionalString = cond: s: if cond then s else "";
+  optionalAttrs = cond: as: if cond then as else { };
+  boolToString = x: if x then "true" else "false";
+  stringToCharacters = s: b.genList (i: b.substring i 1 s) (b.stringLength s);
+  toUpper = s: b.replaceStrings (stringToCharacters "abcdefghijklmnopqrstuvwxyz") (stringToCharacters "ABCDEFGHIJKLMNOPQRSTUVWXYZ") s;
+  cmakeOptionType = type: feature: value: "-D${feature}:${toUpper type}=${value}";
+  cmakeBool = condition: flag: cmakeOptionType "bool" condition (toUpper (boolToString flag));
+  cmakeFeature = feature: value: cmakeOptionType "string" feature value;
+  getLib = getOutput "lib";
+  getDev = getOutput "dev";
+  getInclude = getOutput "include";
+  getExe = x: getExe' x (x.meta.mainProgram or (throw "getExe: ${x.name or "?"} has no meta.mainProgram"));
+  getExe' = x: y: "${getBin x}/bin/${y}";
+  getName = x: x.pname or (b.parseDrvName x.name).name;
+  versionAtLeast = v1: v2: b.compareVersions v1 v2 >= 0;
+  assertMsg = pred: msg: pred || b.throw msg;
+  genAttrs = names: f: b.listToAttrs (map (n: { name = n; value = f n; }) names);
+  mapAttrsToList = f: as: map (n: f n as.${n}) (b.attrNames as);
+  fix = f: let x = f x; in x;
+  extends = overlay: f: self: let super = f self; in super // overlay self super;
+  composeManyExtensions = b.foldl' (acc: o: final: prev: let p1 = acc final prev; in p1 // o final (prev // p1)) (_: _: { });
+  makeOverridable =
+    f: args:
+    let
+      result = f args;
+      override = setFunctionArgs (newArgs: makeOverridable f (args // newArgs)) (functionArgs f);
+    in
+    if b.isAttrs result then
+      result
+      // {
+        inherit override;
+        overrideDerivation = throw "stub lib: overrideDerivation";
+      }
+    else
+      result;
+  fileset = {
+    toSource = { root, fileset }: root;
+    unions = b.foldl' (a: x: a ++ [ x ]) [ ];
+    # Exercise the predicate on a few names so a typo in it is an evaluation error.
+    fileFilter =
+      pred: path:
+      let
+        file = name: {
+          inherit name;
+          hasExt = ext: b.match ".*\\.${ext}" name != null;
+        };
+      in
+      b.seq (b.all (n: b.isBool (pred (file n))) [ "a.py" "py.typed" "c.json" "d.txt" ]) path;
+  };
+  licenses = {
+    asl20 = { shortName = "asl20"; free = true; };
+    mit = { shortName = "mit"; free = true; };
+  };
+  platforms.linux = [
+    "aarch64-linux"
+    "x86_64-linux"
+  ];
+}

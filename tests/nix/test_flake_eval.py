@@ -1,0 +1,260 @@
+"""Evaluate the whole flake against tests/nix/fake-nixpkgs and check what the overlay produces.
+
+The fake reproduces only the interfaces the flake uses (see its header); the assertions are about
+our code: the CUDA set chosen, the GB10 overrides of sglang-kernel and transformer-engine, the
+environment, the devShell, the checks, and that every output evaluates (a wrong attribute name or
+argument in our Nix code is an evaluation error here).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SYSTEMS = ("aarch64-linux", "x86_64-linux")
+
+# Force a derivation's own attributes (strings, lists, env) and the outPath of derivations it refers
+# to: enough to evaluate every interpolation in our code without walking the fake's cycles.
+FORCE = """
+let
+  b = builtins;
+  skip = [ "override" "overrideDerivation" "overrideAttrs" "overridePythonAttrs" "__functor" "__functionArgs" "passthru" ];
+  isDrv = v: b.isAttrs v && (v.type or null) == "derivation";
+  leaf = v:
+    if isDrv v then b.seq v.outPath true
+    else if b.isAttrs v then b.all (n: leaf v.${n}) (b.filter (n: !(b.elem n skip)) (b.attrNames v))
+    else if b.isList v then b.all leaf v
+    else if b.isFunction v then true
+    else b.deepSeq v true;
+  forceDrv = d: b.all (n: leaf d.${n})
+    (b.filter (n: !(b.elem n (skip ++ (d.outputs or [ ])))) (b.attrNames d));
+in forceDrv
+"""
+
+
+def flake_attr(nix_eval, flake_expr, path: str):
+    return nix_eval(f"{flake_expr}.{path}")
+
+
+@pytest.mark.parametrize("system", SYSTEMS)
+def test_every_output_evaluates(nix_eval, flake_expr, system):
+    names = nix_eval(
+        f'let o = {flake_expr}; s = "{system}"; in'
+        " { packages = builtins.attrNames o.packages.${s}; apps = builtins.attrNames o.apps.${s};"
+        "   devShells = builtins.attrNames o.devShells.${s}; checks = builtins.attrNames o.checks.${s}; }"
+    )
+    assert names["packages"] == sorted(
+        [
+            "cuda-profiler-api-shim",
+            "default",
+            "megatron-core",
+            "python",
+            "sglang-kernel",
+            "slime-gb10",
+            "transformer-engine",
+        ]
+    )
+    assert names["apps"] == ["default", "slime-gb10"]
+    assert names["devShells"] == ["default"]
+    assert names["checks"] == sorted(
+        [
+            "cpu-nix-static",
+            "cpu-ptxas-sm121a",
+            "cpu-pytest",
+            "cpu-ruff",
+            "cpu-sgl-kernel-patch",
+            "gpu-doctor",
+            "gpu-pytest",
+        ]
+    )
+    for kind, attrs in names.items():
+        for attr in attrs:
+            if kind == "apps":
+                continue
+            assert nix_eval(f"({FORCE}) {flake_expr}.{kind}.{system}.{attr}") is True, (kind, attr)
+    # our Python package itself (inside the environment)
+    assert nix_eval(f"({FORCE}) {flake_expr}.packages.{system}.slime-gb10.slime-gb10") is True
+
+
+@pytest.mark.parametrize("system", SYSTEMS)
+def test_apps_run_the_wrapped_cli(nix_eval, flake_expr, system):
+    app = flake_attr(nix_eval, flake_expr, f"apps.{system}.slime-gb10")
+    assert app["type"] == "app"
+    assert app["program"].endswith("/bin/slime-gb10")
+
+
+@pytest.mark.parametrize(
+    ("system", "gb10_only", "nvte"),
+    [("aarch64-linux", "TRUE", "120f;121f"), ("x86_64-linux", "FALSE", "90;100f;120f")],
+)
+def test_gb10_overrides(nix_eval, flake_expr, system, gb10_only, nvte):
+    got = nix_eval(
+        f"let p = {flake_expr}.packages.{system}; in {{"
+        "  skFlags = p.sglang-kernel.cmakeFlags;"
+        "  skPatches = map toString p.sglang-kernel.patches;"
+        "  te = p.transformer-engine.env;"
+        "  teJax = p.transformer-engine.withJax;"
+        "  tePre = p.transformer-engine.preBuild; }"
+    )
+    flags = got["skFlags"]
+    assert flags[0] == "-DCUDA_VERSION:STRING=13.2"  # CUDA 13 set, nixpkgs' own flag kept
+    assert f"-DSGL_KERNEL_GB10_ONLY:BOOL={gb10_only}" in flags
+    assert any(f.startswith("-DSGL_KERNEL_COMPILE_THREADS:STRING=") for f in flags)
+    # nixpkgs' patches first, ours last (it is made against the patched-in-order tree)
+    assert got["skPatches"][:2] == ["version-number.patch", "no-repo-fmt.patch"]
+    assert got["skPatches"][-1].endswith("/patches/sgl-kernel-gb10-only.patch")
+    assert got["te"]["NVTE_CUDA_ARCHS"] == nvte
+    assert got["te"]["CMAKE_POLICY_VERSION_MINIMUM"] == "3.5"
+    assert got["te"]["NVTE_FRAMEWORK"] == "pytorch" and got["teJax"] is False
+    cpath = got["te"]["CPATH"].split(":")
+    assert any("cuda_nvtx" in p and p.endswith("/include") for p in cpath)
+    assert any("cuda_profiler_api" in p for p in cpath)
+    assert "libcudnn_engines_precompiled" in got["tePre"]
+
+
+def _run_prebuild(script: str, cores: int) -> dict[str, str]:
+    out = subprocess.run(
+        ["bash", "-euc", script + '\nprintf "%s %s" "$CMAKE_BUILD_PARALLEL_LEVEL" "$MAX_JOBS"'],
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ["PATH"], "NIX_BUILD_CORES": str(cores)},
+        check=True,
+    ).stdout.split()[-2:]
+    return {"cmake": out[0], "max": out[1]}
+
+
+@pytest.mark.parametrize(("cores", "expected"), [(20, "4"), (4, "4"), (2, "2"), (0, "4")])
+def test_sgl_kernel_parallelism_is_capped(nix_eval, flake_expr, cores, expected):
+    script = nix_eval(f"{flake_expr}.packages.aarch64-linux.sglang-kernel.preBuild")
+    got = _run_prebuild(script, cores)
+    assert got == {"cmake": expected, "max": expected}
+
+
+def test_cuda_13_and_sbsa_fix(nix_eval, flake_expr):
+    # The fake's default `cudaPackages` throws: everything above evaluated with the overlay's 13.2.
+    got = nix_eval(
+        f"let o = {flake_expr}; a = o.packages.aarch64-linux.sglang-kernel; in"
+        " { v = o.packages.x86_64-linux.transformer-engine.passthru.gb10.profilerApi.pname; }"
+    )
+    assert got == {"v": "cuda_profiler_api"}  # 13.2 has the component: no shim
+    ext = nix_eval(
+        "let f = system: (import ./tests/nix/fake-nixpkgs { inherit system;"
+        " overlays = [ (import ./nix/overlay.nix { gb10 = import ./nix/gb10.nix; src = ./.; }) ]; });"
+        " n = pkgs: builtins.length pkgs._cuda.extensions;"
+        " compat = pkgs: (builtins.head pkgs._cuda.extensions) { } { };"
+        ' in { arm = n (f "aarch64-linux"); x86 = n (f "x86_64-linux");'
+        '      armCompat = compat (f "aarch64-linux"); cuda = (f "aarch64-linux").cudaPackages.cudaMajorMinorVersion; }'
+    )
+    assert ext == {"arm": 1, "x86": 0, "armCompat": {"cuda_compat": None}, "cuda": "13.2"}
+
+
+def test_profiler_api_shim_when_component_missing(nix_eval):
+    got = nix_eval(
+        'let pkgs = import ./tests/nix/fake-nixpkgs { system = "aarch64-linux"; overlays = ['
+        "  (import ./nix/overlay.nix { gb10 = import ./nix/gb10.nix; src = ./.; })"
+        '  (final: prev: { cudaPackages = builtins.removeAttrs prev.cudaPackages [ "cuda_profiler_api" ]; })'
+        "]; }; in { name = pkgs.cuda-profiler-api-for-te.name;"
+        "  cpath = pkgs.python3Packages.transformer-engine.env.CPATH; }"
+    )
+    assert got["name"] == "cuda-profiler-api-shim"
+    assert "cuda-profiler-api-shim" in got["cpath"]
+
+
+@pytest.mark.parametrize("system", SYSTEMS)
+def test_environment_and_devshell(nix_eval, flake_expr, system):
+    got = nix_eval(
+        f"let o = {flake_expr}; e = o.packages.{system}.slime-gb10; d = o.devShells.{system}.default; in {{"
+        "  env = e.runtimeEnv; pkgs = map (p: p.pname or p.name) e.python.packages;"
+        "  wrappers = map (p: p.name) (builtins.filter (p: p ? text) e.paths);"
+        "  hook = d.shellHook; shellPkgs = map (p: p.pname or p.name) d.packages; }"
+    )
+    env = got["env"]
+    assert env["TRITON_PTXAS_PATH"].endswith("-cuda_nvcc-13.2-bin/bin/ptxas")
+    assert env["PYTORCH_ALLOC_CONF"] == "expandable_segments:True"
+    assert env["TORCH_CUDA_ARCH_LIST"] == ("12.1a" if system == "aarch64-linux" else "9.0;10.0;12.0")
+    assert "cuda-home" in env["CUDA_HOME"]
+    for needed in (
+        "slime-gb10",
+        "torch",
+        "triton",
+        "sglang",
+        "sglang-kernel",
+        "megatron-core",
+        "transformer-engine",
+        "pytest",
+    ):
+        assert needed in got["pkgs"], needed
+    assert got["wrappers"] == ["slime-gb10", "python", "python3", "pytest"]
+    hook = got["hook"]
+    for var in (
+        "TRITON_PTXAS_PATH",
+        "CUDA_HOME",
+        "TORCH_CUDA_ARCH_LIST",
+        "PYTORCH_ALLOC_CONF",
+        "LD_LIBRARY_PATH",
+    ):
+        assert var in hook, var
+    assert "slime-gb10 doctor" in hook
+    for tool in ("cuda_nvcc", "cuda_cuobjdump", "nixglhost"):
+        assert tool in got["shellPkgs"], tool
+
+
+@pytest.mark.parametrize("system", SYSTEMS)
+def test_checks_split_cpu_and_gpu(nix_eval, flake_expr, system):
+    got = nix_eval(
+        f"let c = {flake_expr}.checks.{system}; in builtins.mapAttrs (n: d: {{"
+        '  features = d.requiredSystemFeatures or [ ]; cmd = d.buildCommand or d.installPhase or ""; }) c'
+    )
+    for name, check in got.items():
+        if name.startswith("gpu-"):
+            assert check["features"] == ["cuda"], name
+        else:
+            assert check["features"] == [], name
+    assert "slime-gb10 doctor" in got["gpu-doctor"]["cmd"]
+    assert "-m gpu" in got["gpu-pytest"]["cmd"]
+    for d in ("tests/platform", "tests/nvfp4", "tests/grpo"):
+        assert d in got["gpu-pytest"]["cmd"]
+    assert '-m "not gpu"' in got["cpu-pytest"]["cmd"]
+    assert "sm_121a" in got["cpu-ptxas-sm121a"]["cmd"]
+    assert "SGL_KERNEL_GB10_ONLY" in got["cpu-sgl-kernel-patch"]["cmd"]
+
+
+def test_host_driver_fallback_links_only_driver_libraries(nix_eval, flake_expr, tmp_path):
+    """Non-NixOS path without nix-gl-host: symlinks to what the host's `ldconfig -p` names."""
+    if Path("/run/opengl-driver/lib/libcuda.so.1").exists():
+        pytest.skip("this host has /run/opengl-driver: the script would (rightly) use it")
+    script = nix_eval(f"{flake_expr}.packages.x86_64-linux.slime-gb10.hostDriver.text")
+    drv = tmp_path / "usr-lib"
+    drv.mkdir()
+    for name in ("libcuda.so.1", "libcuda.so.580.95.05", "libnvidia-ml.so.1", "libc.so.6"):
+        (drv / name).write_text("")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "ldconfig").write_text(
+        f"#!/bin/sh\necho '\tlibc.so.6 (libc6,AArch64) => {drv}/libc.so.6'\n"
+        f"echo '\tlibcuda.so.1 (libc6,AArch64) => {drv}/libcuda.so.1'\n"
+    )
+    (bindir / "ldconfig").chmod(0o755)
+    env = {
+        "PATH": f"{bindir}:{os.environ['PATH']}",
+        "HOME": str(tmp_path),
+        "XDG_CACHE_HOME": str(tmp_path / "c"),
+    }
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    out = Path(proc.stdout.strip())
+    assert out == tmp_path / "c" / "slime-gb10" / "host-driver"
+    linked = sorted(p.name for p in out.iterdir())
+    assert linked == ["libcuda.so.1", "libcuda.so.580.95.05", "libnvidia-ml.so.1"]  # never libc
+    assert all((out / n).resolve().parent == drv for n in linked)
+
+    (bindir / "ldconfig").write_text("#!/bin/sh\nexit 0\n")
+    none = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env)
+    if not any(
+        Path(d, "libcuda.so.1").exists()
+        for d in ("/usr/lib/aarch64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")
+    ):
+        assert none.returncode == 1  # no driver: the wrappers leave LD_LIBRARY_PATH alone

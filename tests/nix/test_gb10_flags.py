@@ -1,0 +1,162 @@
+"""Unit tests of the pure functions in nix/gb10.nix (arch flags, build limits, env, config).
+
+Expected values are written out by hand from NVIDIA's naming rules: compute capability X.Y is
+sm_XY, its arch-specific variant sm_XYa, its family target XYf (nvcc -arch=sm_121f); GB10 is 12.1.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+G = "(import ./nix/gb10.nix)"
+
+
+@pytest.mark.parametrize(
+    ("fn", "capability", "expected"),
+    [
+        ("smArch", "12.1", "sm_121"),
+        ("archSpecific", "12.1", "sm_121a"),
+        ("archSpecific", "12.0", "sm_120a"),
+        ("archSpecific", "9.0", "sm_90a"),
+        ("familyTarget", "12.1", "121f"),
+        ("familyTarget", "10.0", "100f"),
+        ("gencode", "12.1", "-gencode=arch=compute_121a,code=sm_121a"),
+    ],
+)
+def test_single_capability_flags(nix_eval, fn, capability, expected):
+    assert nix_eval(f'{G}.{fn} "{capability}"') == expected
+
+
+def test_gb10_family_flag_lists(nix_eval):
+    got = nix_eval(
+        f"let g = {G}; caps = g.profiles.gb10.familyCapabilities; in {{"
+        " inherit caps;"
+        " torch = g.torchCudaArchList caps;"
+        " torchSpecific = g.torchCudaArchListSpecific caps;"
+        " nvte = g.nvteCudaArchs caps;"
+        " cmake = g.cmakeCudaArchitectures caps;"
+        " sgl = g.sglKernelGencodes caps; }"
+    )
+    assert got == {
+        "caps": ["12.0", "12.1"],
+        "torch": "12.0;12.1",
+        "torchSpecific": "12.0a;12.1a",
+        "nvte": "120f;121f",  # blocker 8: TE's ptx.cuh wants family targets
+        "cmake": "120a;121a",
+        "sgl": [  # blocker 5: the only two gencodes SGL_KERNEL_GB10_ONLY keeps
+            "-gencode=arch=compute_120a,code=sm_120a",
+            "-gencode=arch=compute_121a,code=sm_121a",
+        ],
+    }
+
+
+def test_the_patch_keeps_exactly_the_gencodes_gb10_nix_names(nix_eval):
+    """patches/sgl-kernel-gb10-only.patch and nix/gb10.nix must agree on the two gencodes."""
+    gencodes = nix_eval(f"let g = {G}; in g.sglKernelGencodes g.profiles.gb10.familyCapabilities")
+    patch = Path(__file__).resolve().parents[2] / "patches" / "sgl-kernel-gb10-only.patch"
+    added = [line[1:].strip().strip('"') for line in patch.read_text().splitlines() if line.startswith("+")]
+    kept = [line for line in added if line.startswith("-gencode=")]
+    assert kept == gencodes
+
+
+@pytest.mark.parametrize(
+    ("memory", "per_job", "reserve", "expected"),
+    [
+        (128, 24, 16, 4),  # (128-16)/24 = 4.67 -> 4
+        (128, 8, 16, 14),  # 112/8
+        (16, 24, 16, 1),  # nothing left: still one job
+        (8, 24, 16, 1),  # negative headroom: one job, never 0 or negative
+        (256, 12, 4, 21),
+    ],
+)
+def test_max_parallel_jobs(nix_eval, memory, per_job, reserve, expected):
+    got = nix_eval(
+        f"{G}.maxParallelJobs {{ memoryGiB = {memory}; perJobGiB = {per_job}; reserveGiB = {reserve}; }}"
+    )
+    assert got == expected
+
+
+def test_gb10_profile_fits_in_unified_memory(nix_eval):
+    p = nix_eval(
+        f"let g = {G}; in g.profiles.gb10 // {{ mem = g.hardware.memoryGiB; cap = g.hardware.capability; }}"
+    )
+    assert p["cap"] in p["cudaCapabilities"]
+    assert p["sglKernelGb10Only"] is True
+    # Worst case: every job runs `threads` cicc processes at ~12 GB each (slime PR #1835 numbers).
+    peak = p["sglKernelJobs"] * p["sglKernelNvccThreads"] * 12
+    assert 0 < peak <= p["mem"] - 16, peak
+
+
+def test_server_profile_is_not_gb10_only(nix_eval):
+    p = nix_eval(f'({G}.profileFor "x86_64-linux")')
+    assert p["sglKernelGb10Only"] is False
+    assert "9.0" in p["cudaCapabilities"] and "12.1" not in p["cudaCapabilities"]
+    assert nix_eval(f'({G}.profileFor "aarch64-linux").sglKernelGb10Only') is True
+
+
+@pytest.mark.parametrize(
+    ("name", "allowed"),
+    [
+        ("cuda_nvcc", True),
+        ("cuda_cudart", True),
+        ("cudnn", True),
+        ("libcublas", True),
+        ("libcusparse_lt", True),
+        ("nccl", True),
+        ("cuda-bindings", True),
+        ("nvidia-cutlass-dsl", True),
+        ("torch", False),
+        ("vscode", False),
+        ("steam", False),
+        ("discord", False),
+    ],
+)
+def test_unfree_allowed_only_for_cuda_and_nvidia(nix_eval, name, allowed):
+    assert nix_eval(f'{G}.isAllowedUnfree "{name}"') is allowed
+
+
+def test_nixpkgs_config(nix_eval):
+    got = nix_eval(
+        f'let c = {G}.nixpkgsConfigFor {{ system = "aarch64-linux"; getName = p: p.pname; }}; in'
+        " { inherit (c) cudaSupport cudaCapabilities cudaForwardCompat;"
+        '   nvcc = c.allowUnfreePredicate { pname = "cuda_nvcc"; };'
+        '   other = c.allowUnfreePredicate { pname = "unrar"; }; }'
+    )
+    assert got == {
+        "cudaSupport": True,
+        "cudaCapabilities": ["12.1"],
+        "cudaForwardCompat": True,
+        "nvcc": True,
+        "other": False,
+    }
+
+
+def test_runtime_env(nix_eval):
+    env = nix_eval(f'{G}.runtimeEnv {{ ptxas = "/p/bin/ptxas"; cudaHome = "/cuda"; }}')
+    assert env == {
+        "TRITON_PTXAS_PATH": "/p/bin/ptxas",
+        "CUDA_HOME": "/cuda",
+        "CUDA_PATH": "/cuda",
+        "TORCH_CUDA_ARCH_LIST": "12.1a",
+        "PYTORCH_ALLOC_CONF": "expandable_segments:True",
+    }
+    server = nix_eval(f'{G}.runtimeEnv {{ ptxas = "p"; cudaHome = "c"; system = "x86_64-linux"; }}')
+    assert server["TORCH_CUDA_ARCH_LIST"] == "9.0;10.0;12.0"
+
+
+def test_shell_exports_keep_user_values(nix_eval, tmp_path):
+    """Run the generated lines in bash: defaults apply, a value the user already set wins."""
+    lines = nix_eval(f'{G}.shellExports {{ A = "1"; B = "/x y"; }}')
+    script = lines + 'printf "%s|%s" "$A" "$B"'
+    fresh = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, env={"PATH": os.environ["PATH"]}
+    )
+    assert fresh.stdout == "1|/x y"
+    user = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, env={"PATH": os.environ["PATH"], "A": "mine"}
+    )
+    assert user.stdout == "mine|/x y"
