@@ -6,6 +6,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slime_gb10.grpo.algo import (
     aggregate_loss,
@@ -285,3 +287,53 @@ def test_grpo_loss_dr_grpo():
         lp, lp, torch.ones(2), torch.tensor([[1.0, 1.0], [1.0, 0.0]]), loss_agg="dr-grpo", max_len=10
     )
     close(loss, -0.15)
+
+
+# --- properties ------------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(min_value=2, max_value=8),
+    st.integers(min_value=1, max_value=5),
+    st.data(),
+)
+def test_advantages_properties(group_size, num_groups, data):
+    values = data.draw(
+        st.lists(
+            st.sampled_from([0.0, 0.5, 1.0, 2.0, -1.0]),
+            min_size=group_size * num_groups,
+            max_size=group_size * num_groups,
+        )
+    )
+    rewards = torch.tensor(values, dtype=torch.float64)
+    adv = group_advantages(rewards, group_size, eps=0.0).view(num_groups, -1)
+    centered = group_advantages(rewards, group_size, scale_std=False).view(num_groups, -1)
+    zero = zero_variance_groups(rewards, group_size)
+    for g in range(num_groups):
+        r = rewards.view(num_groups, -1)[g]
+        torch.testing.assert_close(centered[g], r - r.mean())
+        assert bool(zero[g]) == (len(set(r.tolist())) == 1)
+        if zero[g]:
+            assert (centered[g] == 0).all()
+        else:  # standardised: mean 0, unbiased std 1
+            torch.testing.assert_close(
+                adv[g].mean(), torch.tensor(0.0, dtype=torch.float64), atol=1e-9, rtol=0
+            )
+            torch.testing.assert_close(adv[g].std(), torch.tensor(1.0, dtype=torch.float64))
+    # with the default eps a constant group gives exactly 0, never NaN
+    assert torch.isfinite(group_advantages(rewards, group_size)).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 6), st.floats(-3, 3), st.data())
+def test_on_policy_gradient_is_minus_advantage_over_tokens(batch, length, adv_scale, data):
+    # at ratio 1 (old = logprobs) the token-mean loss gradient per kept token is -A_i / N_tokens
+    mask_bits = data.draw(st.lists(st.booleans(), min_size=batch * length, max_size=batch * length))
+    mask = torch.tensor(mask_bits, dtype=torch.float64).view(batch, length)
+    adv = adv_scale * torch.arange(1, batch + 1, dtype=torch.float64)
+    lp = torch.randn(batch, length, dtype=torch.float64, requires_grad=True)
+    loss, _ = grpo_loss(lp, lp.detach(), adv, mask)
+    loss.backward()
+    n = max(mask.sum().item(), 1.0)
+    torch.testing.assert_close(lp.grad, -adv[:, None] * mask / n)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -285,3 +287,37 @@ def test_errors():
         chunked_logprobs_entropy(hidden, weight, targets[:2])
     empty_lp, empty_ent = chunked_logprobs_entropy(hidden[:0], weight, targets[:0])
     assert empty_lp.shape == (0,) and empty_ent.shape == (0,)
+
+
+# --- properties ------------------------------------------------------------------------------
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.integers(1, 20),
+    st.integers(1, 6),
+    st.integers(2, 90),
+    st.integers(1, 40),
+    st.integers(1, 25),
+    st.floats(0.3, 2.0),
+    st.integers(0, 2**16),
+)
+def test_random_shapes_match_naive(n, h, v, chunk, token_chunk, temperature, seed):
+    hidden, weight, b, targets = make_inputs(n, h, v, seed=seed, bias=seed % 2 == 0)
+    lp, ent = chunked_logprobs_entropy(
+        hidden,
+        weight,
+        targets,
+        temperature=temperature,
+        chunk_size=chunk,
+        token_chunk_size=token_chunk,
+        lm_head_bias=b,
+    )
+    ref_lp, ref_ent = naive_logprobs_entropy(hidden, weight, targets, temperature=temperature, lm_head_bias=b)
+    torch.testing.assert_close(lp, ref_lp, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(ent, ref_ent, rtol=1e-10, atol=1e-10)
+    inputs = [hidden, weight] + ([b] if b is not None else [])
+    ours = torch.autograd.grad(lp.sum() - 0.5 * ent.sum(), inputs)
+    ref = torch.autograd.grad(ref_lp.sum() - 0.5 * ref_ent.sum(), inputs)
+    for got, want in zip(ours, ref):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slime_gb10.grpo.rewards import (
     REWARDS,
@@ -219,3 +221,24 @@ def test_safe_rewards_counts_failures_and_warns_once(caplog):
     assert len(warnings) == 1 and "parser exploded" in warnings[0].getMessage()
     with pytest.raises(ValueError, match="2 completions but 1"):
         safe_rewards(flaky_reward, ["a", "b"], ["1"])
+
+
+# --- properties ------------------------------------------------------------------------------
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.integers(min_value=-(10**15), max_value=10**15),
+    st.sampled_from(["plain", "commas", "dollar", "dot0", "boxed"]),
+)
+def test_any_integer_in_any_accepted_format_scores(n, style):
+    text = {
+        "plain": f"#### {n}",
+        "commas": f"#### {n:,}",
+        "dollar": f"#### ${n:,}" if n >= 0 else f"#### -${-n:,}",
+        "dot0": f"The answer is {n}.0.",
+        "boxed": f"so \\boxed{{{n}}}",
+    }[style]
+    assert gsm8k_reward(f"<think>maybe {n + 1}</think>{text}", str(n)) == 1.0
+    assert gsm8k_reward(text, str(n + 1)) == 0.0
+    assert boxed_math_reward(f"\\boxed{{{n}}}", f"{n}.0") == 1.0

@@ -7,6 +7,8 @@ import pickle
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slime_gb10.grpo.weight_sync import (
     DEFAULT_KEEP_FP32,
@@ -365,3 +367,46 @@ def test_drift_between_metadata_and_payload_is_loud(mutate, message):
     ) as info:
         list(receive(stream))
     assert info.match(message)
+
+
+# --- properties ------------------------------------------------------------------------------
+
+
+_DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32, torch.uint8, torch.bool]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(_DTYPES), st.lists(st.integers(0, 5), min_size=0, max_size=3)),
+        min_size=0,
+        max_size=12,
+    ),
+    st.integers(1, 300),
+    st.sampled_from([1, 8, 256]),
+    st.booleans(),
+)
+def test_random_models_roundtrip(specs, bucket_bytes, alignment, native):
+    g = torch.Generator().manual_seed(len(specs) * 1000 + bucket_bytes)
+    tensors = {}
+    for i, (dtype, shape) in enumerate(specs):
+        if dtype == torch.bool:
+            t = torch.rand(shape, generator=g) > 0.5
+        elif dtype.is_floating_point:
+            t = torch.randn(shape, generator=g).to(dtype)
+        else:
+            t = torch.randint(0, 100, shape, generator=g).to(dtype)
+        tensors[f"layer.{i}.w"] = t
+    stream = make_weight_stream(
+        lambda: tensors.items(), bucket_bytes=bucket_bytes, transfer_dtype=None if native else torch.bfloat16
+    )
+    # alignment is a plan parameter; check the plan with the requested alignment too
+    for meta, _ in plan_chunks(tensors.items(), bucket_bytes=bucket_bytes, alignment=alignment):
+        assert all(t.offset % alignment == 0 for t in meta.tensors)
+        assert meta.nbytes <= bucket_bytes or len(meta.tensors) == 1
+    out = {n: t.clone() for n, t in receive(stream)}
+    assert list(out) == list(tensors)
+    for name, t in tensors.items():
+        expected = t if native or not t.dtype.is_floating_point else t.to(torch.bfloat16)
+        assert out[name].shape == t.shape
+        assert raw_bytes(out[name]) == raw_bytes(expected)
