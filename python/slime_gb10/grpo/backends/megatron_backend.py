@@ -194,7 +194,14 @@ def build_gpt_model(
         rotary_percent=1.0,
         rotary_base=int(arch.rope_theta),
     )
-    return model.to(device), arch, flavor
+    model.slime_layer_spec = flavor  # token_logprobs: TE builds its own causal mask
+    model = model.to(device)
+    # Every parameter in params_dtype, as Megatron's Float16Module (module.bfloat16()) leaves them;
+    # the local spec's torch norms are created in FP32. Buffers (RoPE tables) keep their dtype.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.data = p.data.to(params_dtype)
+    return model, arch, flavor
 
 
 def init_single_gpu_parallel(seed: int = 0) -> None:
@@ -243,6 +250,49 @@ def megatron_state(model) -> dict[str, torch.Tensor]:
     """Parameters of a (possibly DDP-wrapped) GPTModel by Megatron name, detached, no copies."""
     module = getattr(model, "module", model)
     return {name: p.detach() for name, p in module.named_parameters()}
+
+
+def build_optimizer(
+    model,
+    *,
+    lr: float,
+    betas: tuple[float, float] = (0.9, 0.99),
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    max_grad_norm: float = 1.0,
+    use_distributed_optimizer: bool = False,
+):
+    """Megatron's ``DistributedDataParallel`` (FP32 main-grad buffers) and mixed-precision Adam.
+
+    With BF16 parameters, ``get_megatron_optimizer`` returns ``Float16OptimizerWithFloat16Params``:
+    FP32 master copies of the weights and FP32 Adam moments, gradient clipping at
+    ``max_grad_norm`` (``clip_grad``), weights copied back to BF16 after each step. Weight decay
+    is decoupled (AdamW) and skips biases and norm weights, Megatron's default.
+    """
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=False,
+        use_distributed_optimizer=use_distributed_optimizer,
+    )
+    ddp_model = DistributedDataParallel(model.config, ddp_config, model)
+    params_dtype = next(model.parameters()).dtype
+    opt_config = OptimizerConfig(
+        optimizer="adam",
+        lr=lr,
+        min_lr=0.0,
+        weight_decay=weight_decay,
+        adam_beta1=betas[0],
+        adam_beta2=betas[1],
+        adam_eps=eps,
+        clip_grad=max_grad_norm,
+        bf16=params_dtype == torch.bfloat16,
+        params_dtype=params_dtype,
+        use_distributed_optimizer=use_distributed_optimizer,
+    )
+    return ddp_model, get_megatron_optimizer(opt_config, [ddp_model])
 
 
 # ---------------------------------------------------------------- precision recipes
@@ -355,10 +405,14 @@ def token_logprobs(
     if padded != seq:
         input_ids = torch.nn.functional.pad(input_ids, (0, padded - seq), value=0)
     position_ids = torch.arange(padded, device=input_ids.device).expand(bsz, padded)
-    # [1, 1, s, s] bool, True = masked: the causal mask, built here so no CUDA default is assumed.
-    causal = torch.triu(torch.ones(padded, padded, dtype=torch.bool, device=input_ids.device), diagonal=1)
+    if getattr(module, "slime_layer_spec", "local") == "te":
+        mask = None  # TE's fused attention applies the causal mask itself (attn_mask_type=causal)
+    else:  # [1, 1, s, s] bool, True = masked out: the causal mask, on the input's device
+        mask = torch.triu(torch.ones(padded, padded, dtype=torch.bool, device=input_ids.device), diagonal=1)[
+            None, None
+        ]
     with _hidden_states_only(module), te_autocast(recipe):
-        hidden = model(input_ids, position_ids, causal[None, None])  # [b, s, h]
+        hidden = model(input_ids, position_ids, mask)  # [b, s, h]
     hidden = hidden[:, :seq]
     select = batch.completion_mask[:, 1:] > 0
     if module.share_embeddings_and_output_weights:
@@ -407,10 +461,10 @@ class MegatronPolicyBackend(PolicyBackend):
         with_reference: bool = False,
         seed: int = 0,
     ):
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-
-        self.device = torch.device(device)
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device
         if self.device.type != "cuda":
             raise RuntimeError(
                 "the Megatron backend needs a CUDA GPU (Megatron-core places RoPE tables and RNG state on "
@@ -444,26 +498,15 @@ class MegatronPolicyBackend(PolicyBackend):
             self.reference.eval().requires_grad_(False)
         del hf_state
 
-        ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True,
-            overlap_grad_reduce=False,
-            use_distributed_optimizer=use_distributed_optimizer,
-        )
-        self.ddp_model = DistributedDataParallel(self.model.config, ddp_config, self.model)
-        opt_config = OptimizerConfig(
-            optimizer="adam",
+        self.ddp_model, self.optimizer = build_optimizer(
+            self.model,
             lr=lr,
-            min_lr=0.0,
+            betas=betas,
+            eps=eps,
             weight_decay=weight_decay,
-            adam_beta1=betas[0],
-            adam_beta2=betas[1],
-            adam_eps=eps,
-            clip_grad=max_grad_norm,
-            bf16=True,
-            params_dtype=torch.bfloat16,
+            max_grad_norm=max_grad_norm,
             use_distributed_optimizer=use_distributed_optimizer,
         )
-        self.optimizer = get_megatron_optimizer(opt_config, [self.ddp_model])
         self.num_parameters = sum(p.numel() for p in self.model.parameters())
         log.info(
             "Megatron-core GPTModel: %.1fM parameters, %s layer spec, precision %s",
