@@ -410,7 +410,10 @@ def check_torch_arch_list(ctx: DoctorContext) -> CheckResult:
 
 
 def check_ptxas_for(
-    gpu_name: str, timeout_s: float, capability: tuple[int, int] | None = None
+    gpu_name: str,
+    timeout_s: float,
+    capability: tuple[int, int] | None = None,
+    fix_env: dict[str, str] | None = None,
 ) -> CheckResult:
     """Does the ptxas Triton will use assemble ``gpu_name`` (e.g. ``sm_121a``)? Runs it for real."""
     name = "triton_ptxas"
@@ -426,7 +429,14 @@ def check_ptxas_for(
             name, "Triton is not installed: torch.compile and Triton kernels cannot run", "pip install triton"
         )
     probe = probe_ptxas(triton.path, gpu_name, timeout_s=timeout_s)
-    source = f"${var}" if triton.from_env else "Triton's bundled ptxas"
+    chosen_by_fix = triton.from_env and (fix_env or {}).get(var) == triton.path
+    source = (
+        f"${var} (set by the triton_ptxas fix)"
+        if chosen_by_fix
+        else f"${var}"
+        if triton.from_env
+        else "Triton's bundled ptxas"
+    )
     details = {
         "path": triton.path,
         "env_var": var,
@@ -461,14 +471,17 @@ def check_ptxas_for(
 def check_triton_ptxas(ctx: DoctorContext) -> CheckResult:
     """The ptxas Triton will use assembles the device's arch (runs it on a minimal PTX module)."""
     limit = min(ctx.timeout_s, 30)
+    fix_env = next((f.env for f in ctx.fixes if f.name == "triton_ptxas" and f.applied), None)
     if ctx.ptxas_arch:
-        return check_ptxas_for(ctx.ptxas_arch, timeout_s=limit)
+        return check_ptxas_for(ctx.ptxas_arch, timeout_s=limit, fix_env=fix_env)
     if not ctx.gpu:
         return _skip(
             "triton_ptxas",
             f"{ctx.no_gpu_reason()}: GPU check skipped (`slime-gb10 doctor --arch sm_121a` checks it for GB10)",
         )
-    return check_ptxas_for(sm_arch(ctx.capability), timeout_s=limit, capability=ctx.capability)
+    return check_ptxas_for(
+        sm_arch(ctx.capability), timeout_s=limit, capability=ctx.capability, fix_env=fix_env
+    )
 
 
 _TRITON_ADD = """
@@ -982,6 +995,7 @@ def check_runtime_fixes(ctx: DoctorContext) -> CheckResult:
 def _run_one(check: Check, ctx: DoctorContext) -> CheckResult:
     if check.gpu and not ctx.gpu:
         return _skip(check.name, f"{ctx.no_gpu_reason()}: GPU check skipped")
+    start = time.monotonic()
     try:
         result = check.fn(ctx)
     except Exception as exc:  # a bug in a check must not hide the others
@@ -990,8 +1004,8 @@ def _run_one(check: Check, ctx: DoctorContext) -> CheckResult:
             f"the check itself crashed: {type(exc).__name__}: {exc}",
             "report this as a slime-gb10 bug with the output of `slime-gb10 doctor --json`",
         )
-    if result.name != check.name:
-        result.name = check.name
+    result.name = check.name
+    result.details.setdefault("seconds", round(time.monotonic() - start, 2))
     return result
 
 

@@ -26,6 +26,7 @@ import sys
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from slime_gb10.platform.devices import INDUCTOR_BIG_GPU_MIN_SMS, sm_arch
 from slime_gb10.platform.probe import DeviceFacts, current_device_facts
@@ -229,14 +230,15 @@ def apply_runtime_fixes(
     *,
     disable: Iterable[str] = (),
     logger: logging.Logger | None = None,
-    device: DeviceFacts | None = None,
+    device: DeviceFacts | Literal["auto"] | None = "auto",
     probe_timeout_s: float = 60.0,
 ) -> list[AppliedFix]:
     """Apply the GB10 runtime fixes to this process (idempotent); one :class:`AppliedFix` per fix.
 
     ``disable``: fix names or aliases (``ptxas``, ``alloc``, ``inductor``, ``all``) to skip, added
-    to those in ``SLIME_GB10_DISABLE_FIXES`` / ``SLIME_GB10_NO_FIXES``. ``device``: the GPU's facts;
-    by default they are read in a child process, so CUDA is not initialised here. Call it before any
+    to those in ``SLIME_GB10_DISABLE_FIXES`` / ``SLIME_GB10_NO_FIXES``. ``device``: the GPU's facts
+    (``None``: no GPU); by default (``"auto"``) they are read in a child process, so CUDA is not
+    initialised here. Call it before any
     CUDA work: the allocator setting only applies to a CUDA context created afterwards.
     """
     logger = logger or LOG
@@ -244,8 +246,8 @@ def apply_runtime_fixes(
     results: list[AppliedFix] = []
     with _lock:
         pending = [name for name in FIX_NAMES if name not in _outcomes and name not in off]
-        if pending and device is None:
-            device = current_device_facts(timeout_s=probe_timeout_s)
+        if device == "auto":
+            device = current_device_facts(timeout_s=probe_timeout_s) if pending else None
         for name in FIX_NAMES:
             if name in _outcomes:
                 results.append(_outcomes[name])
