@@ -1,7 +1,286 @@
-"""Triton kernels for NVFP4 (filled in below); Triton is imported lazily."""
+"""Triton kernels for NVFP4: quantize (bit-identical to the reference), dequantize, fused W4A16 GEMM.
+
+Triton is imported lazily (``triton_available()``), so the package works without it. Every kernel
+has a pure-PyTorch twin in :mod:`slime_gb10.nvfp4.format` and a test comparing them; the kernels
+also run under ``TRITON_INTERPRET=1`` on a CPU (the tests use that), except the inline-PTX decoder
+of the GEMM, which has a pure-Triton twin selected by ``use_asm=False``.
+
+Quantize, per 16-element block (see ``format.py`` for the formula and the choices):
+``s = e4m3_rne(min(amax_block / (6 * gs), 448))`` computed with a correctly rounded division and
+an exact software RNE to E4M3 (so no dependence on the GPU's FP8 conversion), then
+``code = e2m1_rne(x / (s * gs))`` by counting decision points, two codes per byte.
+
+W4A16 GEMM ``y = x @ dequantize(W)^T``: weights stream as packed bytes (0.5625 B/param with
+scales), are decoded in registers (an 8-entry ``prmt`` lookup table per nibble on sm_90+, or
+integer ops), scaled per 16-element group and fed to BF16 ``tl.dot`` (Hopper has no FP4 MMA).
+Split-K fills the GPU when M is small; for large M, where the fused kernel loses to cuBLAS,
+:func:`w4a16_linear` dequantizes and calls ``torch.matmul`` instead.
+"""
 
 from __future__ import annotations
 
+import functools
+import os
+
+import torch
+
+from slime_gb10.nvfp4.format import (
+    BLOCK_SIZE,
+    NVFP4Tensor,
+    as_global_scale,
+    check_quantizable,
+)
+
+
+@functools.cache
+def _triton():
+    try:
+        import triton
+        import triton.language as tl
+    except Exception:
+        return None
+    return triton, tl
+
 
 def triton_available() -> bool:
-    return False
+    """True if Triton imports (kernels then run on CUDA tensors, or anywhere with TRITON_INTERPRET=1)."""
+    return _triton() is not None
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@functools.cache
+def _kernels():
+    """Import the Triton kernels on first use (keeps ``import slime_gb10.nvfp4`` free of Triton)."""
+    from slime_gb10.nvfp4 import _triton_kernels as k
+
+    return {
+        "amax": k.amax_kernel,
+        "quantize": k.quantize_kernel,
+        "dequantize": k.dequantize_kernel,
+        "w4a16": k.w4a16_kernel,
+        "split_sum": k.split_sum_kernel,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# quantize / dequantize
+
+QUANTIZE_BLOCKS = 128  # 16-element blocks per program: 2048 elements, 4 KB of BF16
+AMAX_BLOCK = 8192
+
+
+def _check_device(x: torch.Tensor) -> None:
+    if not (x.is_cuda or interpreting()):
+        raise ValueError("the Triton NVFP4 kernels need a CUDA tensor (or TRITON_INTERPRET=1)")
+    if not triton_available():
+        raise ValueError("the Triton NVFP4 kernels need the 'triton' package (pip install triton)")
+
+
+def _raise_if_not_finite(bits: int, x: torch.Tensor) -> None:
+    if bits >= 0x7F800000:
+        from slime_gb10.nvfp4.format import check_finite
+
+        check_finite(x)  # raises with the counts of NaN and Inf
+        raise ValueError("NVFP4 quantize got non-finite values (NaN or Inf)")
+
+
+def amax_triton(x: torch.Tensor) -> torch.Tensor:
+    """max |x| as an FP32 scalar tensor on x's device (one pass; NaN/Inf show up as >= Inf)."""
+    x = x.contiguous().view(-1)
+    out = torch.zeros(1, dtype=torch.int32, device=x.device)
+    if x.numel():
+        grid = (-(-x.numel() // AMAX_BLOCK),)
+        _kernels()["amax"][grid](x, out, x.numel(), BLOCK=AMAX_BLOCK)
+    return out.view(torch.float32).reshape(())
+
+
+def quantize_triton(
+    x: torch.Tensor,
+    global_scale: float | torch.Tensor | None = None,
+    *,
+    blocks_per_program: int = QUANTIZE_BLOCKS,
+    num_warps: int = 4,
+) -> NVFP4Tensor:
+    """Triton NVFP4 quantization, bit-identical to :func:`~slime_gb10.nvfp4.format.quantize_reference`.
+
+    With ``global_scale=None`` a first pass computes the amax (and checks for NaN/Inf); the
+    quantize pass always records max |x| too, so bad values raise ``ValueError`` either way
+    (one host sync per call).
+    """
+    check_quantizable(x)
+    _check_device(x)
+    shape, dtype = x.shape, x.dtype
+    flat = x.detach().contiguous().view(-1)
+    if flat.dtype == torch.float64:
+        flat = flat.to(torch.float32)
+    n_blocks = flat.numel() // BLOCK_SIZE
+    data = torch.empty((*shape[:-1], shape[-1] // 2), dtype=torch.uint8, device=x.device)
+    scale = torch.empty((*shape[:-1], shape[-1] // BLOCK_SIZE), dtype=torch.uint8, device=x.device)
+    if global_scale is None:
+        amax = amax_triton(flat)
+        _raise_if_not_finite(int(amax.view(torch.int32)), x)
+        gs = torch.where(amax > 0, amax / 2688.0, torch.ones_like(amax)).to(torch.float32)
+    else:
+        gs = as_global_scale(global_scale, x.device)
+    gs = gs.reshape(1).contiguous()
+    if n_blocks:
+        flag = torch.zeros(1, dtype=torch.int32, device=x.device)
+        grid = (-(-n_blocks // blocks_per_program),)
+        _kernels()["quantize"][grid](
+            flat, data, scale, gs, flag, n_blocks, BLOCKS=blocks_per_program, num_warps=num_warps
+        )
+        if global_scale is not None:
+            _raise_if_not_finite(int(flag), x)
+    return NVFP4Tensor(data, scale.view(torch.float8_e4m3fn), gs.reshape(()), shape, dtype)
+
+
+def dequantize_triton(q: NVFP4Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Triton dequantization, bit-identical to :func:`~slime_gb10.nvfp4.format.dequantize_reference`."""
+    _check_device(q.data)
+    dtype = dtype or q.dtype
+    out = torch.empty(q.shape, dtype=dtype, device=q.data.device)
+    n_blocks = out.numel() // BLOCK_SIZE
+    if n_blocks:
+        grid = (-(-n_blocks // QUANTIZE_BLOCKS),)
+        _kernels()["dequantize"][grid](
+            q.data.contiguous(),
+            q.scale.contiguous().view(torch.uint8),
+            q.global_scale.to(torch.float32).reshape(1).contiguous(),
+            out,
+            n_blocks,
+            BLOCKS=QUANTIZE_BLOCKS,
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# fused W4A16 GEMM
+
+
+#: Largest M for which :func:`w4a16_linear` uses the fused kernel; above it, dequantize + cuBLAS.
+#: Measured by ``slime-gb10 bench nvfp4`` (see BENCHMARKS.md); overridable per call.
+FUSED_MAX_M = 64
+
+
+def asm_supported(device: torch.device) -> bool:
+    """The inline-PTX decoder needs ``mul.rn.bf16x2`` (sm_90+) and a real GPU (not the interpreter)."""
+    if interpreting() or device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 8
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def w4a16_config(M: int, N: int, K: int, sm_count: int) -> dict:
+    """Tile sizes and split-K for the fused kernel: enough programs to fill every SM twice."""
+    BM = 16 if M <= 16 else 32 if M <= 32 else 64
+    BN = 64 if M <= 32 else 128
+    BK = 256 if K % 256 == 0 else 128 if K % 128 == 0 else 64 if K % 64 == 0 else 32
+    k_tiles = -(-K // BK)
+    tiles = -(-M // BM) * -(-N // BN)
+    split = max(1, min(k_tiles, (2 * sm_count) // max(tiles, 1)))
+    return {"BM": BM, "BN": BN, "BK": BK, "split": split, "num_warps": 4, "num_stages": 3}
+
+
+def w4a16_matmul(
+    x: torch.Tensor,
+    w: NVFP4Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    config: dict | None = None,
+    use_asm: bool | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``x @ dequantize(w)^T (+ bias)`` with the fused Triton kernel. x: BF16 ``[..., K]``; w: ``[N, K]``.
+
+    ``config`` overrides :func:`w4a16_config` (keys BM, BN, BK, split, num_warps, num_stages);
+    ``use_asm`` forces the decoder (default: the inline-PTX one on sm_90+); ``out`` is an optional
+    contiguous BF16 ``[M, N]`` output buffer.
+    """
+    _check_device(x)
+    N, K = w.shape
+    if x.shape[-1] != K:
+        raise ValueError(f"x has {x.shape[-1]} features, the weight expects {K}")
+    if x.dtype != torch.bfloat16:
+        raise ValueError(f"the fused W4A16 kernel takes BF16 activations, got {x.dtype}")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, K)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    M = x2.shape[0]
+    if out is None:
+        out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    elif out.shape != (M, N) or out.dtype != x.dtype or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {x.dtype} tensor of shape {(M, N)}")
+    if M == 0:
+        return out.reshape(*lead, N)
+    cfg = dict(config or w4a16_config(M, N, K, _sm_count(x.device)))
+    asm = asm_supported(x.device) if use_asm is None else use_asm
+    k_tiles = -(-K // cfg["BK"])
+    split = max(1, min(int(cfg["split"]), k_tiles))
+    tiles_per_split = -(-k_tiles // split)
+    split = -(-k_tiles // tiles_per_split)
+    grid = (-(-M // cfg["BM"]) * -(-N // cfg["BN"]), split)
+    kernels = _kernels()
+    has_bias = bias is not None
+    bias_arg = bias.contiguous() if has_bias else out
+    target = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else out
+    kernels["w4a16"][grid](
+        x2,
+        w.data,
+        w.scale.view(torch.uint8),
+        w.global_scale.to(torch.float32).reshape(1),
+        target,
+        bias_arg,
+        M,
+        N,
+        K,
+        x2.stride(0),
+        tiles_per_split,
+        BM=cfg["BM"],
+        BN=cfg["BN"],
+        BK=cfg["BK"],
+        USE_ASM=asm,
+        HAS_BIAS=has_bias,
+        SPLIT=split > 1,
+        INTERPRET=interpreting(),
+        num_warps=cfg.get("num_warps", 4),
+        num_stages=cfg.get("num_stages", 3),
+    )
+    if split > 1:
+        block = 1024
+        kernels["split_sum"][(-(-(M * N) // block),)](
+            target, bias_arg, out, M * N, N, split, HAS_BIAS=has_bias, BLOCK=block
+        )
+    return out.reshape(*lead, N)
+
+
+def w4a16_linear(
+    x: torch.Tensor,
+    w: NVFP4Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    fused_max_m: int | None = None,
+) -> torch.Tensor:
+    """``F.linear`` with an NVFP4 weight: fused kernel for small M, dequantize + cuBLAS above.
+
+    The crossover ``fused_max_m`` defaults to :data:`FUSED_MAX_M` (measured by the benchmark).
+    Non-BF16 activations also take the dequantize + matmul path.
+    """
+    M = x.numel() // max(x.shape[-1], 1)
+    limit = FUSED_MAX_M if fused_max_m is None else fused_max_m
+    if x.dtype == torch.bfloat16 and limit >= M and w.data.is_contiguous() and w.scale.is_contiguous():
+        return w4a16_matmul(x, w, bias)
+    weight = dequantize_triton(w, x.dtype) if triton_available() and x.is_cuda else None
+    if weight is None:
+        from slime_gb10.nvfp4.format import dequantize_reference
+
+        weight = dequantize_reference(w, x.dtype)
+    return torch.nn.functional.linear(x, weight, bias)

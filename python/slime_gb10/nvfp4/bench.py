@@ -1,0 +1,313 @@
+"""``slime-gb10 bench nvfp4`` (also ``python -m slime_gb10.nvfp4.bench``): NVFP4 kernels vs the device.
+
+One run on a CUDA GPU measures the two ceilings first (device-to-device copy bandwidth, counting
+bytes read + written; BF16 GEMM rate through ``torch.matmul``), then reports each kernel as a
+ratio to them and to the PyTorch baseline:
+
+* quantize (Triton) in GB/s and % of copy bandwidth, bytes = read BF16 + write codes and scales;
+  with a given global scale (one pass) and with the amax pass (two reads of the input);
+* the W4A16 GEMM vs BF16 ``torch.matmul`` for M in {1, 4, 16, 64, 256, 1024, 4096} and
+  (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336), (896, 4864)}: the fused kernel (best of a
+  few tile configurations), dequantize + cuBLAS, and what ``w4a16_linear`` picks by itself.
+
+Each timing is the median of ``triton.testing.do_bench`` (CUDA events, L2 flushed before each
+call, so weights stream from memory as in a real forward pass).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import platform
+import sys
+
+import click
+import torch
+
+M_VALUES = (1, 4, 16, 64, 256, 1024, 4096)
+NK_SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336), (896, 4864))
+QUANTIZE_SHAPES = ((8192, 16384), (16384, 32768))  # 256 MiB and 1 GiB of BF16
+
+#: Tile configurations tried for the fused kernel (the bench keeps the fastest per shape).
+SMALL_M_CONFIGS = (
+    {"BN": 64, "BK": 256, "num_warps": 4, "num_stages": 3},
+    {"BN": 32, "BK": 256, "num_warps": 4, "num_stages": 4},
+    {"BN": 64, "BK": 512, "num_warps": 4, "num_stages": 3},
+    {"BN": 128, "BK": 256, "num_warps": 8, "num_stages": 3},
+    {"BN": 32, "BK": 512, "num_warps": 4, "num_stages": 3},
+)
+LARGE_M_CONFIGS = (
+    {"BM": 64, "BN": 128, "BK": 128, "num_warps": 4, "num_stages": 3},
+    {"BM": 128, "BN": 128, "BK": 64, "num_warps": 8, "num_stages": 3},
+)
+
+
+def _bench(fn, warmup_ms: int = 25, rep_ms: int = 100) -> float:
+    """Median milliseconds of ``fn`` (CUDA events, L2 flushed between calls)."""
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+def measure_copy_bandwidth(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy, GB/s counting bytes read + bytes written."""
+    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = _bench(lambda: dst.copy_(src), rep_ms=300)
+    return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+def measure_bf16_gemm(n: int = 8192) -> float:
+    """``torch.matmul`` of two random n x n BF16 matrices, TFLOP/s."""
+    a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    ms = _bench(lambda: torch.matmul(a, b), rep_ms=300)
+    return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
+def bench_quantize(copy_gbps: float, shapes=QUANTIZE_SHAPES) -> list[dict]:
+    from slime_gb10.nvfp4 import kernels
+    from slime_gb10.nvfp4.format import quantize_reference
+
+    rows = []
+    for shape in shapes:
+        x = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
+        n = x.numel()
+        io_bytes = 2 * n + n // 2 + n // 16  # read BF16, write codes + scales
+        q = kernels.quantize_triton(x)
+        gs = q.global_scale.clone()
+        t_given = _bench(lambda x=x, gs=gs: kernels.quantize_triton(x, gs))
+        t_amax = _bench(lambda x=x: kernels.quantize_triton(x))
+        t_dequant = _bench(lambda q=q: kernels.dequantize_triton(q, torch.bfloat16))
+        t_torch = _bench(lambda x=x: quantize_reference(x), warmup_ms=5, rep_ms=50)
+        ref = quantize_reference(x)
+        identical = bool(torch.equal(ref.data, q.data)) and bool(
+            torch.equal(ref.scale.view(torch.uint8), q.scale.view(torch.uint8))
+        )
+        gbps = io_bytes / (t_given * 1e-3) / 1e9
+        rows.append(
+            {
+                "shape": list(shape),
+                "MiB_bf16": 2 * n / 2**20,
+                "bytes": io_bytes,
+                "ms_given_scale": t_given,
+                "GBps_given_scale": gbps,
+                "pct_copy_given_scale": 100 * gbps / copy_gbps,
+                "ms_with_amax": t_amax,
+                "GBps_with_amax_stated_bytes": io_bytes / (t_amax * 1e-3) / 1e9,
+                "GBps_with_amax_all_bytes": (io_bytes + 2 * n) / (t_amax * 1e-3) / 1e9,
+                "pct_copy_with_amax_stated_bytes": 100 * io_bytes / (t_amax * 1e-3) / 1e9 / copy_gbps,
+                "ms_dequantize_bf16": t_dequant,
+                "pct_copy_dequantize": 100
+                * (n // 2 + n // 16 + 2 * n)
+                / (t_dequant * 1e-3)
+                / 1e9
+                / copy_gbps,
+                "ms_torch_reference": t_torch,
+                "speedup_vs_torch": t_torch / t_amax,
+                "bit_identical_to_reference": identical,
+                "relative_error": float(
+                    (kernels.dequantize_triton(q, torch.float32) - x.float()).norm() / x.float().norm()
+                ),
+            }
+        )
+        del x, q, ref
+        torch.cuda.empty_cache()
+    return rows
+
+
+def bench_w4a16(
+    copy_gbps: float,
+    gemm_tflops: float,
+    m_values=M_VALUES,
+    shapes=NK_SHAPES,
+    tune: bool = True,
+) -> list[dict]:
+    from slime_gb10.nvfp4 import kernels
+    from slime_gb10.nvfp4.format import quantize
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = []
+    for n, k in shapes:
+        w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
+        q = quantize(w)
+        w_deq = kernels.dequantize_triton(q, torch.bfloat16)
+        for m in m_values:
+            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+            ref = torch.matmul(x, w_deq.T).float()
+            t_bf16 = _bench(lambda x=x, w=w: torch.matmul(x, w.T))
+            t_fallback = _bench(
+                lambda x=x, q=q: torch.matmul(x, kernels.dequantize_triton(q, torch.bfloat16).T)
+            )
+            default = kernels.w4a16_config(m, n, k, sms)
+            candidates = [default]
+            if tune:
+                pool = SMALL_M_CONFIGS if m <= 32 else LARGE_M_CONFIGS
+                for extra in pool:
+                    cfg = {**default, **extra}
+                    cfg["BM"] = extra.get("BM", default["BM"])
+                    k_tiles = -(-k // cfg["BK"])
+                    tiles = -(-m // cfg["BM"]) * -(-n // cfg["BN"])
+                    cfg["split"] = max(1, min(k_tiles, (2 * sms) // max(tiles, 1)))
+                    candidates.append(cfg)
+                    if m <= 32 and cfg["split"] > 1:
+                        candidates.append({**cfg, "split": max(1, cfg["split"] // 2)})
+            best = None
+            errors = []
+            for cfg in candidates:
+                if k % cfg["BK"]:
+                    continue
+                for asm in (True, False) if cfg is default else (True,):
+                    try:
+                        out = kernels.w4a16_matmul(x, q, config=cfg, use_asm=asm)
+                        err = float((out.float() - ref).norm() / ref.norm())
+                        if not err < 2e-2:
+                            errors.append(f"asm={asm} {cfg}: rel err {err:.3g}")
+                            continue
+                        t = _bench(
+                            lambda x=x, q=q, cfg=cfg, asm=asm: kernels.w4a16_matmul(
+                                x, q, config=cfg, use_asm=asm
+                            )
+                        )
+                    except Exception as exc:  # a config that does not compile is skipped, and reported
+                        errors.append(f"asm={asm} {cfg}: {type(exc).__name__}: {str(exc)[:200]}")
+                        continue
+                    if best is None or t < best[0]:
+                        best = (t, cfg, asm, err)
+            t_auto = _bench(lambda x=x, q=q: kernels.w4a16_linear(x, q))
+            w4_bytes = n * k * 0.5625 + 2 * m * k + 2 * m * n
+            bf16_bytes = n * k * 2 + 2 * m * k + 2 * m * n
+            flops = 2 * m * n * k
+            floor_w4 = max(w4_bytes / (copy_gbps * 1e9), flops / (gemm_tflops * 1e12)) * 1e3
+            floor_bf16 = max(bf16_bytes / (copy_gbps * 1e9), flops / (gemm_tflops * 1e12)) * 1e3
+            row = {
+                "M": m,
+                "N": n,
+                "K": k,
+                "ms_bf16_matmul": t_bf16,
+                "ms_dequant_cublas": t_fallback,
+                "ms_auto": t_auto,
+                "floor_ms_w4": floor_w4,
+                "floor_ms_bf16": floor_bf16,
+                "bf16_pct_of_floor": 100 * floor_bf16 / t_bf16,
+                "errors": errors,
+            }
+            if best is not None:
+                t, cfg, asm, err = best
+                row.update(
+                    {
+                        "ms_fused": t,
+                        "fused_config": {**cfg, "asm": asm},
+                        "fused_rel_err": err,
+                        "speedup_fused_vs_bf16": t_bf16 / t,
+                        "fused_pct_of_floor": 100 * floor_w4 / t,
+                    }
+                )
+            row["speedup_auto_vs_bf16"] = t_bf16 / t_auto
+            row["speedup_best_vs_bf16"] = t_bf16 / min(t_auto, row.get("ms_fused", math.inf), t_fallback)
+            rows.append(row)
+            del x, ref
+        del w, q, w_deq
+        torch.cuda.empty_cache()
+    return rows
+
+
+def run_benchmark(quick: bool = False, tune: bool = True) -> dict:
+    if not torch.cuda.is_available():
+        raise RuntimeError("the NVFP4 benchmark needs a CUDA GPU (none visible to PyTorch)")
+    from slime_gb10.nvfp4 import kernels
+
+    if not kernels.triton_available():
+        raise RuntimeError("the NVFP4 benchmark needs Triton (pip install triton)")
+    import triton
+
+    copy_gbps = measure_copy_bandwidth()
+    gemm_tflops = measure_bf16_gemm()
+    result = {
+        "device": torch.cuda.get_device_name(0),
+        "capability": list(torch.cuda.get_device_capability(0)),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "command": " ".join(sys.argv),
+        "copy_bandwidth_GBps": copy_gbps,
+        "bf16_gemm_TFLOPS": gemm_tflops,
+    }
+    shapes = QUANTIZE_SHAPES[:1] if quick else QUANTIZE_SHAPES
+    result["quantize"] = bench_quantize(copy_gbps, shapes)
+    m_values = (1, 16, 256) if quick else M_VALUES
+    nk = NK_SHAPES[:1] if quick else NK_SHAPES
+    result["w4a16"] = bench_w4a16(copy_gbps, gemm_tflops, m_values, nk, tune=tune)
+    return result
+
+
+def format_table(result: dict) -> str:
+    lines = [
+        f"device: {result['device']} (sm_{''.join(map(str, result['capability']))}), {result['date']}, "
+        f"torch {result['torch']}, triton {result['triton']}",
+        f"ceilings: copy {result['copy_bandwidth_GBps']:.0f} GB/s (read+write), "
+        f"BF16 GEMM {result['bf16_gemm_TFLOPS']:.0f} TFLOP/s",
+        "",
+        "quantize (Triton)   MiB  given-scale GB/s  %copy | +amax pass GB/s  %copy | dequant %copy | vs torch | exact | rel.err",
+    ]
+    for r in result["quantize"]:
+        lines.append(
+            f"{'x'.join(map(str, r['shape'])):>16} {r['MiB_bf16']:6.0f}  {r['GBps_given_scale']:15.0f}  "
+            f"{r['pct_copy_given_scale']:5.1f} | {r['GBps_with_amax_stated_bytes']:15.0f}  "
+            f"{r['pct_copy_with_amax_stated_bytes']:5.1f} | {r['pct_copy_dequantize']:12.1f} | "
+            f"{r['speedup_vs_torch']:7.1f}x | {'yes' if r['bit_identical_to_reference'] else 'NO'} | "
+            f"{r['relative_error']:.4f}"
+        )
+    lines += [
+        "",
+        "w4a16 GEMM      M     N     K | bf16 us (%floor) | fused us (%floor)  x-bf16 | deq+cuBLAS us | auto us  x-bf16",
+    ]
+    for r in result["w4a16"]:
+        fused = (
+            f"{1e3 * r['ms_fused']:8.1f} ({r['fused_pct_of_floor']:3.0f}%)  {r['speedup_fused_vs_bf16']:5.2f}x"
+            if "ms_fused" in r
+            else "      --        --  "
+        )
+        lines.append(
+            f"          {r['M']:6d} {r['N']:5d} {r['K']:5d} | {1e3 * r['ms_bf16_matmul']:8.1f} ({r['bf16_pct_of_floor']:3.0f}%) | "
+            f"{fused} | {1e3 * r['ms_dequant_cublas']:13.1f} | {1e3 * r['ms_auto']:7.1f}  {r['speedup_auto_vs_bf16']:5.2f}x"
+        )
+    return "\n".join(lines)
+
+
+@click.command("nvfp4")
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also write the results here (atomically).",
+)
+@click.option("--quick", is_flag=True, help="A few shapes only (a smoke run).")
+@click.option("--no-tune", is_flag=True, help="Time only the default tile configuration of the fused kernel.")
+def bench_nvfp4_command(json_path: str | None, quick: bool, no_tune: bool) -> None:
+    """NVFP4 quantize and W4A16 GEMM vs the device's copy bandwidth, BF16 GEMM rate and PyTorch."""
+    from slime_gb10.utils.atomic import OutputPathError, atomic_write_text, ensure_writable_dir
+
+    if json_path:
+        from pathlib import Path
+
+        try:
+            ensure_writable_dir(Path(json_path).parent)
+        except OutputPathError as exc:
+            raise click.ClickException(str(exc)) from exc
+    try:
+        result = run_benchmark(quick=quick, tune=not no_tune)
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from exc
+    table = format_table(result)
+    result["table"] = table
+    if json_path:
+        atomic_write_text(json_path, json.dumps(result, indent=2) + "\n")
+    click.echo(table)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    bench_nvfp4_command()

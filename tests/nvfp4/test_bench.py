@@ -1,0 +1,72 @@
+"""The benchmark command's plumbing on the CPU (the numbers themselves need a GPU: BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from slime_gb10.nvfp4.bench import bench_nvfp4_command, format_table
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
+def test_bench_without_cuda_is_a_clear_error(tmp_path):
+    result = CliRunner().invoke(bench_nvfp4_command, ["--json", str(tmp_path / "out.json")])
+    assert result.exit_code != 0
+    assert "needs a CUDA GPU" in result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_bench_rejects_an_unwritable_json_path(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    result = CliRunner().invoke(bench_nvfp4_command, ["--json", str(blocker / "sub" / "out.json")])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+
+
+def test_format_table_lists_every_row():
+    result = {
+        "device": "GPU",
+        "capability": [9, 0],
+        "date": "2026-11-21",
+        "torch": "2",
+        "triton": "3",
+        "copy_bandwidth_GBps": 3000.0,
+        "bf16_gemm_TFLOPS": 700.0,
+        "quantize": [
+            {
+                "shape": [8192, 16384],
+                "MiB_bf16": 256.0,
+                "GBps_given_scale": 2500.0,
+                "pct_copy_given_scale": 83.3,
+                "GBps_with_amax_stated_bytes": 1500.0,
+                "pct_copy_with_amax_stated_bytes": 50.0,
+                "pct_copy_dequantize": 80.0,
+                "speedup_vs_torch": 20.0,
+                "bit_identical_to_reference": True,
+                "relative_error": 0.1,
+            }
+        ],
+        "w4a16": [
+            {
+                "M": m,
+                "N": 4096,
+                "K": 4096,
+                "ms_bf16_matmul": 0.012,
+                "bf16_pct_of_floor": 80.0,
+                "ms_dequant_cublas": 0.02,
+                "ms_auto": 0.005,
+                "speedup_auto_vs_bf16": 2.4,
+                **(
+                    {"ms_fused": 0.005, "fused_pct_of_floor": 60.0, "speedup_fused_vs_bf16": 2.4}
+                    if m == 1
+                    else {}
+                ),
+            }
+            for m in (1, 4096)
+        ],
+    }
+    table = format_table(result)
+    assert "3000 GB/s" in table and "83.3" in table
+    assert table.count("4096  4096 |") == 2

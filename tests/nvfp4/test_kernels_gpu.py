@@ -1,0 +1,166 @@
+"""Triton NVFP4 kernels on a CUDA GPU: bit-identical quantize, exact dequantize, W4A16 GEMM, QAT training."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from slime_gb10.nvfp4 import NVFP4Linear, dequantize_reference, quantize_model, quantize_reference
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    from slime_gb10.nvfp4 import kernels
+
+    if not kernels.triton_available():
+        pytest.skip("triton is not installed")
+    return kernels
+
+
+def _same_quantization(a, b) -> bool:
+    return (
+        torch.equal(a.data.cpu(), b.data.cpu())
+        and torch.equal(a.scale.view(torch.uint8).cpu(), b.scale.view(torch.uint8).cpu())
+        and torch.equal(a.global_scale.float().cpu(), b.global_scale.float().cpu())
+    )
+
+
+SHAPES = [(16,), (1, 32), (3, 48), (7, 5, 64), (128, 4096), (257, 80), (1000, 1008), (4, 8192, 16)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_triton_quantize_is_bit_identical_to_the_reference(kernels, shape, dtype):
+    g = torch.Generator().manual_seed(hash((shape, str(dtype))) % 2**31)
+    for spread in (0.0, 3.0):
+        x = torch.randn(shape, generator=g) * torch.exp(spread * torch.randn(shape, generator=g))
+        x = x.clamp(-6e4, 6e4).to(dtype)
+        expected = quantize_reference(x)  # on the CPU: an independent device and code path
+        got = kernels.quantize_triton(x.cuda())
+        assert _same_quantization(got, expected)
+        # a given global scale (values beyond it saturate)
+        gs = float(expected.global_scale) * 0.37
+        assert _same_quantization(kernels.quantize_triton(x.cuda(), gs), quantize_reference(x, gs))
+        # and the torch reference on the GPU agrees too
+        assert _same_quantization(quantize_reference(x.cuda()), expected)
+
+
+def test_triton_quantize_special_vectors(kernels):
+    rows = [
+        [6, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.2, 0.3, 5.1, -0.25, -0.75, -2.5, -5.0, -6],
+        [-0.0, -0.01, 0.01, 6.0] + [0.0] * 12,
+        [0.0] * 16,
+        [3 * 6 * 2.0**-9] + [0.0] * 15,
+        [2.5 * 6 * 2.0**-9, -1e-3] + [0.0] * 14,
+        [0.5 * 6 * 2.0**-9] + [0.0] * 15,
+        [12 * 448.0, 6 * 448.0, -3 * 448.0] + [0.0] * 13,
+    ]
+    x = torch.tensor(rows)
+    assert _same_quantization(kernels.quantize_triton(x.cuda(), 1.0), quantize_reference(x, 1.0))
+    assert _same_quantization(kernels.quantize_triton(x.cuda()), quantize_reference(x))
+    zeros = torch.zeros(5, 64, dtype=torch.bfloat16)
+    assert _same_quantization(kernels.quantize_triton(zeros.cuda()), quantize_reference(zeros))
+    huge = torch.linspace(-1e38, 1e38, 64).reshape(2, 32)
+    huge[1] *= 1e-32
+    assert _same_quantization(kernels.quantize_triton(huge.cuda()), quantize_reference(huge))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("given_scale", [False, True])
+def test_triton_quantize_rejects_non_finite(kernels, bad, given_scale):
+    x = torch.randn(4, 64, device="cuda")
+    x[2, 17] = bad
+    with pytest.raises(ValueError, match=r"NaN|Inf"):
+        kernels.quantize_triton(x, 1.0 if given_scale else None)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_triton_dequantize_is_bit_identical(kernels, dtype):
+    x = torch.randn(33, 320) * torch.exp(2 * torch.randn(33, 320))
+    q = quantize_reference(x)
+    got = kernels.dequantize_triton(q.to("cuda"), dtype).cpu()
+    assert torch.equal(got, dequantize_reference(q, dtype))
+
+
+@pytest.mark.parametrize("use_asm", [True, False])
+@pytest.mark.parametrize(
+    ("M", "N", "K"),
+    [
+        (1, 64, 64),
+        (3, 96, 48),
+        (16, 4096, 4096),
+        (5, 896, 4864),
+        (64, 640, 1024),
+        (200, 384, 512),
+        (33, 130, 272),
+    ],
+)
+@pytest.mark.parametrize("bias", [False, True])
+def test_w4a16_gemm_matches_reference_with_poisoned_output(kernels, use_asm, M, N, K, bias):
+    if use_asm and not kernels.asm_supported(torch.device("cuda")):
+        pytest.skip("the inline-PTX decoder needs sm_90+")
+    g = torch.Generator(device="cuda").manual_seed(M * 1000 + N + K)
+    w = torch.randn(N, K, device="cuda", generator=g) * 0.05
+    x = torch.randn(M, K, device="cuda", generator=g).to(torch.bfloat16)
+    b = torch.randn(N, device="cuda", generator=g).to(torch.bfloat16) if bias else None
+    q = quantize_reference(w)
+    w_deq = dequantize_reference(q, torch.float64)
+    expected = x.double() @ w_deq.T + (b.double() if bias else 0)
+    for split in (1, 3):
+        cfg = kernels.w4a16_config(M, N, K, torch.cuda.get_device_properties(0).multi_processor_count)
+        cfg["split"] = split if split == 1 else max(cfg["split"], split)
+        out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kernels.w4a16_matmul(x, q, b, config=cfg, use_asm=use_asm, out=out)
+        assert torch.isfinite(out).all(), "an output element was not written"
+        err = (out.double() - expected).norm() / expected.norm()
+        assert err < 1e-2, float(err)
+
+
+def test_w4a16_linear_falls_back_for_large_m(kernels):
+    w = torch.randn(256, 512, device="cuda") * 0.05
+    q = quantize_reference(w)
+    x = torch.randn(2048, 512, device="cuda", dtype=torch.bfloat16)
+    out = kernels.w4a16_linear(x, q)
+    expected = x.float() @ dequantize_reference(q, torch.bfloat16).float().T
+    torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2)
+
+
+def test_nvfp4_linear_w4a16_matches_reference_backend(kernels):
+    torch.manual_seed(0)
+    linear = nn.Linear(1024, 768, dtype=torch.bfloat16, device="cuda")
+    fast = NVFP4Linear.from_linear(linear, backend="w4a16")
+    slow = NVFP4Linear.from_linear(linear, backend="reference")
+    assert torch.equal(fast.weight, slow.weight)
+    for m in (1, 7, 16, 100, 3000):
+        x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
+        torch.testing.assert_close(fast(x).float(), slow(x).float(), rtol=2e-2, atol=2e-2)
+
+
+def test_qat_trains_a_small_mlp_to_the_bf16_loss_band():
+    def train(qat: bool) -> tuple[float, float]:
+        torch.manual_seed(0)
+        teacher = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 32)).cuda()
+        x = torch.randn(4096, 64, device="cuda")
+        y = teacher(x).detach()
+        torch.manual_seed(1)
+        model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 32)).cuda()
+        if qat:
+            quantize_model(model, backend="qat", exclude=())
+            assert all(isinstance(model[i], NVFP4Linear) for i in (0, 2))
+        opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+        losses = []
+        for _ in range(400):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = nn.functional.mse_loss(model(x).float(), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+        return losses[0], losses[-1]
+
+    (start, bf16), (_, qat) = train(False), train(True)
+    assert bf16 < 0.1 * start
+    assert qat < max(3 * bf16, 0.05 * start), (start, bf16, qat)

@@ -1,0 +1,54 @@
+"""The ``te`` backend: recipe arguments everywhere; the real TE run only on a Blackwell GPU with TE.
+
+TE's NVFP4 recipe needs Blackwell (sm_100+/sm_120+): the GPU part skips on anything else (the H100
+included) and runs in the flake's GPU checks on a GB10.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from slime_gb10.nvfp4 import NVFP4Linear
+from slime_gb10.nvfp4.linear import is_blackwell, te_available
+from slime_gb10.nvfp4.te_backend import nvfp4_recipe_kwargs
+
+
+def test_recipe_kwargs_on_sm12x_keep_wgrad_in_bf16():
+    old_te = {"disable_rht", "override_linear_precision", "fp4_format"}
+    new_te = {"disable_rht", "backward_override", "fp4_format"}
+    assert nvfp4_recipe_kwargs(old_te, sm12x=True) == {
+        "disable_rht": True,
+        "override_linear_precision": (False, False, True),
+    }
+    assert nvfp4_recipe_kwargs(new_te, sm12x=True) == {
+        "disable_rht": True,
+        "backward_override": "high_precision",
+    }
+    assert nvfp4_recipe_kwargs(new_te, sm12x=False) == {}
+    with pytest.warns(UserWarning, match="weight-gradient"):
+        assert nvfp4_recipe_kwargs({"disable_rht"}, sm12x=True) == {"disable_rht": True}
+
+
+def test_te_backend_needs_cuda():
+    layer = NVFP4Linear(32, 16, backend="te")
+    assert isinstance(layer.weight, nn.Parameter)
+    with pytest.raises(ValueError, match="CUDA"):
+        layer(torch.randn(2, 32, dtype=torch.bfloat16))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (is_blackwell() and te_available()), reason="TE NVFP4 needs a Blackwell GPU and TE")
+def test_te_backend_forward_backward_on_blackwell():
+    torch.manual_seed(0)
+    linear = nn.Linear(256, 128, dtype=torch.bfloat16, device="cuda")
+    layer = NVFP4Linear.from_linear(linear, backend="te")
+    x = torch.randn(64, 256, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    out = layer(x)
+    ref = linear(x)
+    err = (out.float() - ref.float()).norm() / ref.float().norm()
+    assert err < 0.25, float(err)
+    out.float().pow(2).mean().backward()
+    assert layer.weight.grad is not None and torch.isfinite(layer.weight.grad).all()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
