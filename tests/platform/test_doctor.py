@@ -367,6 +367,20 @@ def _run(name: str, probe: Probe, **ctx_kwargs) -> CheckResult:
     return run_registered(DoctorContext(timeout_s=10, probe=probe, **ctx_kwargs), [check])[0]
 
 
+def test_gpu_check_reports_the_device():
+    result = _run("gpu", gpu_probe())
+    assert result.status == "ok" and result.reason.startswith("NVIDIA GB10 (sm_121a, 48 SMs, 128.0 GiB)")
+    assert result.details["device"]["capability"] == [12, 1]
+
+
+def test_driver_too_old_for_torchs_cuda_fails(tmp_path, monkeypatch):
+    probe = gpu_probe(cuda="13.0")
+    probe.data["driver_api_version"] = 12080  # what cuDriverGetVersion returns for a CUDA 12.8 driver
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi: the driver API version alone decides
+    result = _run("driver", probe)
+    assert result.status == "fail" and "driver supports CUDA 12.8 but torch needs CUDA 13.0" in result.reason
+
+
 def test_cuda12_torch_on_sm121_fails():
     result = _run("cuda_runtime", gpu_probe(cuda="12.8"))
     assert result.status == "fail" and "blockers #1/#2" in result.reason and "cu130" in result.fix

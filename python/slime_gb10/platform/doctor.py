@@ -291,7 +291,7 @@ def check_gpu(ctx: DoctorContext) -> CheckResult:
             "gpu",
             f"{dev['name']} ({sm_arch(ctx.capability)}, {dev['sm_count']} SMs, "
             f"{dev['total_memory'] / 2**30:.1f} GiB), {ctx.probe.data.get('device_count', 1)} device(s)",
-            **dev,
+            device=dev,
         )
     reason = ctx.no_gpu_reason()
     warnings = " ".join(ctx.probe.data.get("cuda_warnings") or [])

@@ -54,10 +54,14 @@ if out["cuda_available"]:
             "is_integrated": bool(getattr(p, "is_integrated", False)),
         }
         out["arch_list"] = torch.cuda.get_arch_list()
-        try:
-            out["driver_api_version"] = int(torch._C._cuda_getDriverVersion())
+        out["driver_api_version"] = None
+        try:  # the CUDA version the driver supports, from the driver API itself
+            import ctypes
+            version = ctypes.c_int()
+            if ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version)) == 0:
+                out["driver_api_version"] = int(version.value)
         except Exception:
-            out["driver_api_version"] = None
+            pass
 print(json.dumps(out))
 """
 
