@@ -286,9 +286,11 @@ COMPILED_OK = "__version__ = '0.3.99'\n"
     ],
 )
 def test_compiled_package_archs_come_from_cuobjdump(fake_packages, cuobjdump_on_path, probe, status, needle):
-    fake_packages("sgl_kernel", COMPILED_OK, {"common_ops.so": b"not really ELF"})
+    pkg = fake_packages("sgl_kernel", COMPILED_OK, {"common_ops.so": b"not really ELF"})
+    (pkg.parent / "sgl_kernel_torch.so").write_bytes(b"an extension module next to the package")
     result = check_package(DoctorContext(timeout_s=10, probe=probe), SGL_KERNEL)
     assert result.status == status and needle in result.reason, result
+    assert result.details["so_files"] == 2
     assert result.details["sass"] == ["sm_100a", "sm_120", "sm_90a"] and result.details["ptx"] == [
         "compute_120"
     ]

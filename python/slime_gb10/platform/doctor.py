@@ -642,7 +642,8 @@ def _package_files(module: str, limit: int = 40) -> list[Path]:
     files: list[Path] = []
     for root in roots:
         files.extend(p for p in root.rglob("*.so*") if p.is_file() and not p.is_symlink())
-    # also the package's sibling libraries (e.g. transformer_engine's libtransformer_engine.so)
+        # sibling extension modules outside the package dir (TE's transformer_engine_torch.*.so)
+        files.extend(p for p in root.parent.glob(f"{root.name}_*.so") if p.is_file())
     return sorted(set(files), key=lambda p: -p.stat().st_size)[:limit]
 
 
