@@ -9,17 +9,16 @@ import triton.language as tl
 
 
 @triton.jit
-def _abs_bits_max(x):
-    """Largest |x| of a tensor, as the int32 bit pattern of its FP32 value (NaN > Inf > finite)."""
-    bits = x.to(tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    return tl.max(tl.reshape(bits, [bits.numel]), axis=0)
+def _abs_bits(x):
+    """|x| as the int32 bit pattern of its FP32 value: ordered like the values, NaN > Inf > finite."""
+    return x.to(tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFFFF
 
 
 @triton.jit
 def amax_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
-    tl.atomic_max(out_ptr, _abs_bits_max(x))
+    tl.atomic_max(out_ptr, tl.max(_abs_bits(x), axis=0))
 
 
 @triton.jit
@@ -98,7 +97,9 @@ def quantize_kernel(x_ptr, data_ptr, scale_ptr, gs_ptr, flag_ptr, n_blocks, BLOC
     valid = blocks < n_blocks
     offs = blocks[:, None] * 16 + tl.arange(0, 16)[None, :]
     x = tl.load(x_ptr + offs, mask=valid[:, None], other=0.0).to(tl.float32)
-    tl.atomic_max(flag_ptr, _abs_bits_max(x))  # NaN/Inf check on the host afterwards
+    tl.atomic_max(
+        flag_ptr, tl.max(tl.max(_abs_bits(x), axis=1), axis=0)
+    )  # NaN/Inf check on the host afterwards
     gs = tl.load(gs_ptr)
     amax = tl.max(tl.abs(x), axis=1)
     s = tl.minimum(tl.math.div_rn(amax, 6.0 * gs), 448.0)
@@ -140,7 +141,7 @@ def decode_prmt(packed, scale):
     return tl.inline_asm_elementwise(
         asm="""
         {
-        .reg .b32 ie, io, se, so, t, le, he, lo, ho, m0, m1, m2, m3, tlo_a, tlo_b, thi_a, thi_b;
+        .reg .b32 ie, io, se, so, t, r_le, r_he, r_lo, r_ho, m0, m1, m2, m3, tlo_a, tlo_b, thi_a, thi_b;
         mov.b32 tlo_a, 0xC0800000;
         mov.b32 tlo_b, 0xC0804000;
         mov.b32 thi_a, 0x3F3F3F00;
@@ -152,14 +153,14 @@ def decode_prmt(packed, scale):
         or.b32 se, ie, t;
         shr.b32 t, io, 12;
         or.b32 so, io, t;
-        prmt.b32 le, tlo_a, tlo_b, se;
-        prmt.b32 he, thi_a, thi_b, se;
-        prmt.b32 lo, tlo_a, tlo_b, so;
-        prmt.b32 ho, thi_a, thi_b, so;
-        prmt.b32 m0, le, he, 0x5140;
-        prmt.b32 m1, le, he, 0x7362;
-        prmt.b32 m2, lo, ho, 0x5140;
-        prmt.b32 m3, lo, ho, 0x7362;
+        prmt.b32 r_le, tlo_a, tlo_b, se;
+        prmt.b32 r_he, thi_a, thi_b, se;
+        prmt.b32 r_lo, tlo_a, tlo_b, so;
+        prmt.b32 r_ho, thi_a, thi_b, so;
+        prmt.b32 m0, r_le, r_he, 0x5140;
+        prmt.b32 m1, r_le, r_he, 0x7362;
+        prmt.b32 m2, r_lo, r_ho, 0x5140;
+        prmt.b32 m3, r_lo, r_ho, 0x7362;
         shl.b32 t, $4, 12;
         lop3.b32 m0, m0, 0x80008000, t, 0xf8;
         shl.b32 t, $4, 4;

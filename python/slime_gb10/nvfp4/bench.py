@@ -35,7 +35,6 @@ SMALL_M_CONFIGS = (
     {"BN": 32, "BK": 256, "num_warps": 4, "num_stages": 4},
     {"BN": 64, "BK": 512, "num_warps": 4, "num_stages": 3},
     {"BN": 128, "BK": 256, "num_warps": 8, "num_stages": 3},
-    {"BN": 32, "BK": 512, "num_warps": 4, "num_stages": 3},
 )
 LARGE_M_CONFIGS = (
     {"BM": 64, "BN": 128, "BK": 128, "num_warps": 4, "num_stages": 3},
@@ -151,8 +150,6 @@ def bench_w4a16(
                     tiles = -(-m // cfg["BM"]) * -(-n // cfg["BN"])
                     cfg["split"] = max(1, min(k_tiles, (2 * sms) // max(tiles, 1)))
                     candidates.append(cfg)
-                    if m <= 32 and cfg["split"] > 1:
-                        candidates.append({**cfg, "split": max(1, cfg["split"] // 2)})
             best = None
             errors = []
             for cfg in candidates:
