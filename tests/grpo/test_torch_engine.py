@@ -32,10 +32,16 @@ def tiny_dir(tokenizer, tmp_path_factory):
     return write_tiny_model(tmp_path_factory.mktemp("tiny") / "model", tokenizer, seed=3)
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_dir, tokenizer):
+@pytest.fixture(scope="module", params=["dynamic", "static"])
+def engine(request, tiny_dir, tokenizer):
+    """Both decode paths: HF forward + dynamic cache, and our static-cache forward (the one a GPU
+    replays as a CUDA graph; the graph capture itself needs a GPU)."""
     model = load_causal_lm(str(tiny_dir))
-    return TorchRolloutEngine(model, tokenizer, "cpu", eos_token_ids=eos_token_ids(tokenizer, model))
+    engine = TorchRolloutEngine(
+        model, tokenizer, "cpu", eos_token_ids=eos_token_ids(tokenizer, model), decode=request.param
+    )
+    assert engine.decode == request.param
+    return engine
 
 
 def _prompts(tokenizer):
@@ -76,6 +82,21 @@ def test_logprobs_equal_full_forward_at_temperature(engine, tokenizer):
         expected = expected.gather(-1, torch.tensor(gen.completion_ids)[:, None]).squeeze(-1)
         torch.testing.assert_close(
             torch.tensor(gen.completion_logprobs, dtype=torch.float64), expected, atol=2e-5, rtol=0
+        )
+
+
+def test_static_and_dynamic_decoding_agree(tiny_dir, tokenizer):
+    model = load_causal_lm(str(tiny_dir))
+    eos = eos_token_ids(tokenizer, model)
+    dynamic = TorchRolloutEngine(model, tokenizer, "cpu", eos_token_ids=eos, decode="dynamic")
+    static = TorchRolloutEngine(model, tokenizer, "cpu", eos_token_ids=eos, decode="static")
+    prompts = _prompts(tokenizer) * 2
+    params = SamplingParams(max_new_tokens=9, temperature=1.0, seed=3)
+    a, b = dynamic.generate(prompts, params), static.generate(prompts, params)
+    assert [g.completion_ids for g in a] == [g.completion_ids for g in b]
+    for x, y in zip(a, b):
+        torch.testing.assert_close(
+            torch.tensor(x.completion_logprobs), torch.tensor(y.completion_logprobs), atol=1e-4, rtol=0
         )
 
 

@@ -76,6 +76,9 @@ class RolloutConfig(_Section):
     # Sequences generated together (None: the whole step's batch at once).
     generation_batch_size: int | None = Field(default=None, ge=1)
     weight_bucket_mb: int = Field(default=256, ge=1)
+    # torch engine decoding: "auto" = CUDA-graph decode steps over a static KV cache on a GPU
+    # (Llama/Qwen2/Qwen3/Mistral), the HF forward with a dynamic cache otherwise.
+    decode: Literal["auto", "dynamic", "static", "cuda_graph"] = "auto"
 
 
 class TrainConfig(_Section):
