@@ -56,8 +56,14 @@ in
     })
   ];
 
-  # The non-NixOS driver helper (numtide/nix-gl-host, pinned in flake.lock).
-  nixglhost = if nix-gl-host == null then null else import (nix-gl-host + "/default.nix") { pkgs = final; };
+  # The non-NixOS driver helper (numtide/nix-gl-host, pinned in flake.lock). The flake's own
+  # package (built from the same nixpkgs, as graham33/nixos-dgx-spark's CI does) when the input
+  # provides one for this system, else its default.nix called with our package set.
+  nixglhost =
+    if nix-gl-host == null then
+      null
+    else
+      nix-gl-host.packages.${system}.default or (import (nix-gl-host + "/default.nix") { pkgs = final; });
 
   slime-gb10-env = final.callPackage ./packages/slime-gb10-env.nix { inherit gb10; };
 }

@@ -1,7 +1,8 @@
 # megatron-core (NVIDIA Megatron-LM's `megatron.core`), not in nixpkgs: built from its PyPI sdist.
 # The hash is the sha256 of megatron_core-0.17.1.tar.gz as downloaded from PyPI (nix/README.md).
 # 0.17.x needs Python >= 3.12; its runtime deps are torch, numpy, packaging. Blocker 14
-# (`megatron.training` not importable) does not arise: slime-gb10 only imports `megatron.core`.
+# (`megatron.training` missing from the pip package) does not arise: this sdist's wheel contains
+# megatron/training as well, and slime-gb10 only imports `megatron.core`.
 {
   lib,
   buildPythonPackage,

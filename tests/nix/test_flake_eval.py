@@ -258,3 +258,16 @@ def test_host_driver_fallback_links_only_driver_libraries(nix_eval, flake_expr, 
         for d in ("/usr/lib/aarch64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")
     ):
         assert none.returncode == 1  # no driver: the wrappers leave LD_LIBRARY_PATH alone
+
+
+def test_nixglhost_prefers_the_input_package(nix_eval):
+    got = nix_eval(
+        'let mk = input: (import ./tests/nix/fake-nixpkgs { system = "aarch64-linux"; overlays = ['
+        "  (import ./nix/overlay.nix { gb10 = import ./nix/gb10.nix; src = ./.; nix-gl-host = input; }) ]; }).nixglhost;"
+        " fromInput = mk { outPath = ./tests/nix/fake-nix-gl-host;"
+        '   packages.aarch64-linux.default = { type = "derivation"; name = "nix-gl-host-from-flake"; }; };'
+        " fromDefaultNix = mk { outPath = ./tests/nix/fake-nix-gl-host; };"
+        " none = mk null;"
+        " in { a = fromInput.name; b = fromDefaultNix.name; c = none; }"
+    )
+    assert got == {"a": "nix-gl-host-from-flake", "b": "nixglhost", "c": None}
