@@ -213,6 +213,8 @@ def test_arithmetic_difficulty_grows():
     assert shapes == [(1, 1, 2), (1, 2, 2), (2, 2, 2), (2, 2, 3), (2, 3, 3), (3, 3, 3)]
     ramp = ArithmeticTask(seed=0, ramp_examples=100)
     assert ramp.difficulty_at(0) == 0.0 and ramp.difficulty_at(50) == 0.5 and ramp.difficulty_at(500) == 1.0
+    ramp.sample(25)
+    assert ramp.current_difficulty == 0.25
     last = ramp.example_at(1000).prompt.removeprefix("What is ").removesuffix("?").split()
     assert len(last) == 5 and all(len(tok) == 3 for tok in last[::2])
 

@@ -351,6 +351,11 @@ class ArithmeticTask:
         return self.difficulty + (self.max_difficulty - self.difficulty) * progress
 
     @property
+    def current_difficulty(self) -> float:
+        """The difficulty of the next training question (for logging)."""
+        return self.difficulty_at(self.position)
+
+    @property
     def num_levels(self) -> int:
         """``L``: the number of difficulty steps above level 0."""
         return (len(self.ops) - 1) + (self.max_digits - self.min_digits) + (self.max_operands - 2)

@@ -176,16 +176,17 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
                 z = _chunk_logits(h, w, b, temperature, mm, acc)
                 logp = z - lse[t0:t1, None]
                 p = torch.exp(logp)
-                g = torch.zeros_like(z)
                 if grad_logprobs is not None:
                     glp = grad_logprobs[t0:t1].to(acc)
-                    g = g - p * glp[:, None]
+                    g = p * (-glp[:, None])
                     tgt = targets[t0:t1]
                     in_chunk = (tgt >= v0) & (tgt < v1)
                     local = (tgt - v0).clamp(0, v1 - v0 - 1)
                     g.scatter_add_(
                         1, local[:, None], torch.where(in_chunk, glp, torch.zeros_like(glp))[:, None]
                     )
+                else:
+                    g = torch.zeros_like(z)
                 if grad_entropy is not None:
                     g = g - grad_entropy[t0:t1, None].to(acc) * p * (logp + entropy[t0:t1, None])
                 if temperature != 1.0:
