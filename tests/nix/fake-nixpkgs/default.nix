@@ -147,7 +147,26 @@ let
     {
       inherit buildPythonPackage;
       callPackage = callPy;
-      fetchPypi = { pname, version, hash }: mkDrv { name = "${pname}-${version}.tar.gz"; inherit hash; };
+      # pkgs/build-support/fetchpypi: sdist by default, or a wheel with format/dist/python/abi/platform
+      fetchPypi =
+        {
+          pname,
+          version,
+          hash,
+          format ? "setuptools",
+          dist ? "source",
+          python ? "py3",
+          abi ? "none",
+          platform ? "any",
+        }:
+        mkDrv {
+          name =
+            if format == "wheel" then
+              "${pname}-${version}-${python}-${abi}-${platform}.whl"
+            else
+              "${pname}-${version}.tar.gz";
+          inherit hash dist;
+        };
       pythonOlder = v: b.compareVersions "3.13" v < 0;
       pytestCheckHook = simple "pytest-check-hook";
       torch = simple "torch";
