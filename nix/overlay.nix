@@ -22,7 +22,8 @@ let
 in
 {
   # Blockers 1 + 2: one CUDA 13 package set for everything (CUDA 12.x ptxas has no sm_121a,
-  # cu12 wheels need libnvrtc.so.12 / libcudart.so.12). nixpkgs: pkgs/top-level/cuda-packages.nix.
+  # cu12 wheels need libnvrtc.so.12 / libcudart.so.12). graham33/nixos-dgx-spark's
+  # overlays/fixes.nix selects the same attribute at this nixpkgs pin.
   cudaPackages = prev.${gb10.cuda.packageSet};
 
   # aarch64 (linux-sbsa): drop cuda_compat from the CUDA package set. graham33/nixos-dgx-spark
