@@ -410,3 +410,17 @@ def test_random_models_roundtrip(specs, bucket_bytes, alignment, native):
         expected = t if native or not t.dtype.is_floating_point else t.to(torch.bfloat16)
         assert out[name].shape == t.shape
         assert raw_bytes(out[name]) == raw_bytes(expected)
+
+
+@pytest.mark.gpu
+def test_cuda_payload_stays_on_source_device_and_unpacks_anywhere():
+    tensors = {k: v.cuda() for k, v in mixed_tensors().items()}
+    stream = make_weight_stream(lambda: tensors.items(), bucket_bytes=256)
+    buckets = list(stream)
+    assert all(b.payload.device.type == "cuda" for b in buckets)
+    on_cpu = dict(receive((stream.metadata, buckets), device="cpu"))
+    bias = "model.layers.0.mlp.gate.e_score_correction_bias"
+    assert on_cpu[bias].device.type == "cpu"
+    assert raw_bytes(on_cpu[bias]) == raw_bytes(tensors[bias].cpu())
+    on_gpu = dict(receive(stream))
+    assert raw_bytes(on_gpu["model.embed.weight"].cpu()) == raw_bytes(tensors["model.embed.weight"].cpu())

@@ -48,11 +48,12 @@ def _chunk_logits(
     mm: torch.dtype,
     acc: torch.dtype,
 ) -> torch.Tensor:
+    """``(hidden @ weight.T + bias) / temperature`` as a fresh ``acc`` tensor (callers modify it in place)."""
     z = (hidden.to(mm) @ weight.to(mm).T).to(acc)
     if bias is not None:
-        z = z + bias.to(acc)
+        z.add_(bias.to(acc))
     if temperature != 1.0:
-        z = z / temperature
+        z.div_(temperature)
     return z
 
 
@@ -104,24 +105,23 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
                 z = _chunk_logits(
                     h, weight[v0:v1], None if bias is None else bias[v0:v1], temperature, mm, acc
                 )
-                chunk_max = z.amax(dim=1)
-                if m is None:
-                    new_m = chunk_max
-                    e = torch.exp(z - new_m[:, None])
-                    s = e.sum(dim=1)
-                    if with_entropy:
-                        q = (e * (z - new_m[:, None])).sum(dim=1)
-                else:
-                    new_m = torch.maximum(m, chunk_max)
-                    scale = torch.exp(m - new_m)
-                    e = torch.exp(z - new_m[:, None])
-                    if with_entropy:
-                        q = (q + s * (m - new_m)) * scale + (e * (z - new_m[:, None])).sum(dim=1)
-                    s = s * scale + e.sum(dim=1)
-                m = new_m
                 in_chunk = (tgt >= v0) & (tgt < v1)
                 local = (tgt - v0).clamp(0, v1 - v0 - 1)
                 target_logit = torch.where(in_chunk, z.gather(1, local[:, None]).squeeze(1), target_logit)
+                chunk_max = z.amax(dim=1)
+                new_m = chunk_max if m is None else torch.maximum(m, chunk_max)
+                z.sub_(new_m[:, None])  # z - m <= 0 from here on
+                e = torch.exp(z)
+                chunk_s = e.sum(dim=1)
+                chunk_q = e.mul_(z).sum(dim=1) if with_entropy else None  # sum exp(z - m) (z - m)
+                if m is None:
+                    s, q = chunk_s, chunk_q
+                else:
+                    scale = torch.exp(m - new_m)
+                    if with_entropy:
+                        q = (q + s * (m - new_m)) * scale + chunk_q
+                    s = s * scale + chunk_s
+                m = new_m
             log_s = torch.log(s)
             lse[t0:t1] = m + log_s
             logprobs[t0:t1] = target_logit - lse[t0:t1]
@@ -173,8 +173,7 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
             for t0 in range(0, n, tcs):
                 t1 = min(n, t0 + tcs)
                 h = hidden[t0:t1]
-                z = _chunk_logits(h, w, b, temperature, mm, acc)
-                logp = z - lse[t0:t1, None]
+                logp = _chunk_logits(h, w, b, temperature, mm, acc).sub_(lse[t0:t1, None])
                 p = torch.exp(logp)
                 if grad_logprobs is not None:
                     glp = grad_logprobs[t0:t1].to(acc)
@@ -186,11 +185,11 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
                         1, local[:, None], torch.where(in_chunk, glp, torch.zeros_like(glp))[:, None]
                     )
                 else:
-                    g = torch.zeros_like(z)
-                if grad_entropy is not None:
-                    g = g - grad_entropy[t0:t1, None].to(acc) * p * (logp + entropy[t0:t1, None])
+                    g = torch.zeros_like(p)
+                if grad_entropy is not None:  # g -= dH * p * (log p + H), reusing logp's memory
+                    g.sub_(logp.add_(entropy[t0:t1, None]).mul_(p).mul_(grad_entropy[t0:t1, None].to(acc)))
                 if temperature != 1.0:
-                    g = g / temperature
+                    g.div_(temperature)
                 g_mm = g.to(mm)
                 if need_hidden:
                     grad_hidden[t0:t1] += (g_mm @ w.to(mm)).to(acc)
@@ -226,7 +225,7 @@ def chunked_logprobs_entropy(
     Returns ``(logprobs [N], entropy [N] or None)`` in float32 (float64 for a float64 matmul).
     Differentiable w.r.t. ``hidden``, ``lm_head_weight`` and ``lm_head_bias`` (first order); the
     backward recomputes the logits chunk by chunk. Peak extra memory is about
-    ``6 * token_chunk_size * chunk_size`` floats, independent of ``V``.
+    ``4 * token_chunk_size * chunk_size`` floats (plus the gradients themselves), independent of ``V``.
     """
     if hidden.dim() != 2 or lm_head_weight.dim() != 2 or hidden.shape[1] != lm_head_weight.shape[1]:
         raise ValueError(
