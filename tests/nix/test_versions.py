@@ -121,3 +121,19 @@ def test_readme_blocker_table_points_at_real_lines():
             assert code, f"{current}:{n} is blank or a comment: {lines[n - 1]!r}"
             refs += 1
     assert refs >= 20
+
+
+def test_environment_has_the_test_extra(nix_eval, flake_expr):
+    """The flake's Python environment can run the test suite: pyproject's `test` extra is in it."""
+    names = nix_eval(
+        f"map (p: p.pname or p.name) {flake_expr}.packages.aarch64-linux.slime-gb10.python.packages"
+    )
+    names += nix_eval(
+        f"map (p: p.pname or p.name) {flake_expr}.packages.aarch64-linux.slime-gb10.slime-gb10"
+        ".optional-dependencies.gguf"
+    )
+    for req in PYPROJECT["project"]["optional-dependencies"]["test"]:
+        name = Requirement(req).name.lower()
+        if name == "ruff":
+            continue  # a binary: nix/devshell.nix and nix/checks.nix put pkgs.ruff on PATH
+        assert name in names, f"{name} (pyproject test extra) missing from the environment"
