@@ -370,5 +370,8 @@ def test_cuda_qwen_vocab_matches_naive_with_bounded_peak_memory():
     torch.testing.assert_close(ours[1], ref[1], rtol=1e-2, atol=1e-2)
     assert _rel_err(ours[2], ref[2]) < 2e-2
     assert _rel_err(ours[3], ref[3]) < 2e-2
-    assert ours_peak - weight_grad_bytes < 0.25 * logits_fp32_bytes, (ours_peak, ref_peak)
-    assert ref_peak > logits_fp32_bytes  # the comparison is meaningful: naive holds fp32 [N, V]
+    # the [V, H] weight gradient (counted twice in case autograd copies it instead of stealing it)
+    # plus chunk temporaries; naive holds several fp32 [N, V] tensors at once
+    assert ours_peak < 2 * weight_grad_bytes + 0.25 * logits_fp32_bytes, (ours_peak, ref_peak)
+    assert ref_peak > 2 * logits_fp32_bytes, ref_peak
+    assert ours_peak < ref_peak / 2, (ours_peak, ref_peak)
