@@ -65,10 +65,12 @@ class DataConfig(_Section):
 
 
 class RolloutConfig(_Section):
-    prompts_per_step: int = Field(default=16, ge=1)
-    group_size: int = Field(default=8, ge=1)  # G samples per prompt
+    # The embedded default is small enough for a CPU (minutes); a GPU run raises these
+    # (benchmarks/grpo: 16 prompts x 8 samples x 128 tokens).
+    prompts_per_step: int = Field(default=4, ge=1)
+    group_size: int = Field(default=4, ge=1)  # G samples per prompt
     max_prompt_tokens: int = Field(default=256, ge=1)
-    max_new_tokens: int = Field(default=64, ge=1)
+    max_new_tokens: int = Field(default=48, ge=1)
     temperature: float = Field(default=1.0, ge=0.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = -1
@@ -82,7 +84,7 @@ class RolloutConfig(_Section):
 
 
 class TrainConfig(_Section):
-    steps: int = Field(default=30, ge=1)
+    steps: int = Field(default=20, ge=1)
     lr: float = Field(default=2e-5, gt=0.0)
     warmup_steps: int = Field(default=0, ge=0)
     weight_decay: float = Field(default=0.0, ge=0.0)
@@ -107,6 +109,9 @@ class AlgoConfig(_Section):
     loss_agg: Literal["token-mean", "seq-mean", "dr-grpo"] = "token-mean"  # see algo.aggregate_loss
     scale_rewards: bool = True  # divide group advantages by the group's std (Dr. GRPO: False)
     mask_truncated: bool = False  # overlong filtering: drop completions cut at max_new_tokens
+    # Groups whose samples all got the same reward have zero advantage and no policy gradient
+    # (only KL/entropy terms): leave them out of the update (DAPO's dynamic-sampling filter).
+    skip_zero_variance_groups: bool = True
     # Keep a frozen copy of the initial policy to log KL(pi || ref) every step even when beta == 0
     # (one extra no-grad forward per step); beta > 0 always needs it.
     ref_kl_metric: bool = True
@@ -114,7 +119,7 @@ class AlgoConfig(_Section):
 
 class EvalConfig(_Section):
     every: int = Field(default=10, ge=0)  # 0: never during training
-    num_prompts: int = Field(default=64, ge=1)
+    num_prompts: int = Field(default=32, ge=1)
     k: int = Field(default=4, ge=1)  # pass@k with k samples per prompt
     temperature: float = Field(default=1.0, ge=0.0)
     max_new_tokens: int | None = Field(default=None, ge=1)

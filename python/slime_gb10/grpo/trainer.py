@@ -352,8 +352,11 @@ class GRPOTrainer:
             for i, g in enumerate(generations)
         ]
         # Groups where every sample got the same reward have zero advantage: no gradient, skip them.
+        skip = cfg.algo.skip_zero_variance_groups and cfg.algo.beta == 0 and cfg.algo.entropy_coef == 0
         trainable = [
-            s for i, s in enumerate(samples) if not bool(zero_var[i // G]) and s.train and s.completion_ids
+            s
+            for i, s in enumerate(samples)
+            if not (skip and bool(zero_var[i // G])) and s.train and s.completion_ids
         ]
 
         # 3. policy update
