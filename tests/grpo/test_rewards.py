@@ -74,6 +74,9 @@ def test_extract_with_think(completion, expected):
         ("\\boxed{\\frac{3}{4}}", "0.75"),
         ("#### 123456789012345678901234567890", "123456789012345678901234567890"),
         ("the answer is .5", "0.5"),
+        ("So the total is 1,234, which is the answer", "1234"),  # a comma after a grouped number
+        ("values 1,2345", "2345"),  # not a thousands grouping
+        ("we get 12,345,678.", "12345678"),
         ("I have no idea", None),
         ("", None),
     ],

@@ -60,7 +60,7 @@ def strip_think(text: str) -> str | None:
 # plain digits, optional decimals, optional /denominator; or a bare decimal ".5".
 _NUMBER = (
     r"(?:(?<![\w.)\]])[-+])?\$?"
-    r"(?:(?:\d{1,3}(?:,\d{3})+(?![\d,])|\d+)(?:\.\d+)?(?:\s?/\s?\d+(?:\.\d+)?)?|\.\d+)"
+    r"(?:(?:\d{1,3}(?:,\d{3})+(?!\d|,\d)|\d+)(?:\.\d+)?(?:\s?/\s?\d+(?:\.\d+)?)?|\.\d+)"
 )
 _NUMBER_RE = re.compile(_NUMBER)
 _STRICT_RE = re.compile(r"####\s*(" + _NUMBER + r")")
