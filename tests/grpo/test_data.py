@@ -120,6 +120,16 @@ def test_csv_file():
         load_prompt_dataset(DATA / "bad_fields.csv")
 
 
+def test_encoding_bom_and_non_utf8(tmp_path):
+    bom = tmp_path / "excel.csv"
+    bom.write_bytes("\ufeffprompt,ground_truth\nWhat is 1 + 1?,2\n".encode())
+    assert load_prompt_dataset(bom) == [PromptExample("What is 1 + 1?", "2", "excel-0")]
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes('{"prompt": "caf\u00e9?", "ground_truth": "1"}\n'.encode("latin-1"))
+    with pytest.raises(DatasetError, match="not UTF-8 text"):
+        load_prompt_dataset(latin1)
+
+
 def test_json_list_file(tmp_path):
     path = tmp_path / "d.json"
     path.write_text(json.dumps([{"prompt": "p", "ground_truth": 3}]))

@@ -56,7 +56,7 @@ def gsm8k_final_answer(answer: str) -> str | None:
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     records = []
-    with path.open("r", encoding="utf-8") as f:
+    with path.open("r", encoding="utf-8-sig") as f:
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
                 continue
@@ -76,7 +76,7 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def _read_json(path: Path) -> list[dict[str, Any]]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8-sig"))
     except json.JSONDecodeError as exc:
         raise DatasetError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
     if isinstance(data, dict):  # {"data": [...]} or a single split
@@ -104,7 +104,7 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
 
 
 def _read_csv(path: Path) -> list[dict[str, Any]]:
-    with path.open("r", encoding="utf-8", newline="") as f:
+    with path.open("r", encoding="utf-8-sig", newline="") as f:
         reader = csv.DictReader(f)
         records = []
         for record in reader:
@@ -174,7 +174,14 @@ def load_prompt_dataset(
         )
     if layout not in ("auto", "gsm8k", "generic"):
         raise DatasetError(f"unknown dataset layout {layout!r}; choose auto, gsm8k or generic")
-    records = reader(p)
+    try:
+        records = reader(p)
+    except UnicodeDecodeError as exc:
+        raise DatasetError(
+            f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start}); re-save it as UTF-8"
+        ) from None
+    except OSError as exc:
+        raise DatasetError(f"cannot read dataset file '{p}': {exc.strerror or exc}") from None
     if limit is not None:
         if limit <= 0:
             raise DatasetError(f"limit must be positive, got {limit}")
