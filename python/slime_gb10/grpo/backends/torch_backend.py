@@ -182,7 +182,7 @@ class TorchPolicyBackend(PolicyBackend):
             weight = float(batch.completion_mask.sum())
             weight_total += weight
             for key, value in metrics.items():
-                v = float(value)
+                v = float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
                 if math.isfinite(v):
                     sums[key] = sums.get(key, 0.0) + v * weight
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm))

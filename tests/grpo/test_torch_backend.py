@@ -1,0 +1,149 @@
+"""The PyTorch policy backend: chunked logprobs equal a full float64 forward, microbatching equals
+one big batch, NaN stops before the optimizer step, and weight sync to the engine is bit-exact.
+
+Real parts: SmolLM2's tokenizer and a small random-init Llama from a real ``transformers`` config.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from slime_gb10.grpo.backends.torch_backend import NonFiniteError, TorchPolicyBackend
+from slime_gb10.grpo.engines.torch_engine import TorchRolloutEngine
+from slime_gb10.grpo.interfaces import SamplingParams, TokenBatch
+from slime_gb10.grpo.models import (
+    default_model_dir,
+    eos_token_ids,
+    load_causal_lm,
+    load_tokenizer,
+    write_tiny_model,
+)
+from slime_gb10.grpo.trainer import Sample, collate
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(str(default_model_dir()))
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tokenizer, tmp_path_factory):
+    return write_tiny_model(tmp_path_factory.mktemp("tiny") / "model", tokenizer, seed=1)
+
+
+def make_backend(tiny_dir, tokenizer, **kwargs):
+    model = load_causal_lm(str(tiny_dir))
+    return TorchPolicyBackend(model, tokenizer, "cpu", lr=kwargs.pop("lr", 1e-3), **kwargs)
+
+
+def random_batch(tokenizer, seed=0, rows=4):
+    gen = torch.Generator().manual_seed(seed)
+    samples = []
+    for i in range(rows):
+        prompt = torch.randint(0, len(tokenizer), (3 + i,), generator=gen).tolist()
+        completion = torch.randint(0, len(tokenizer), (2 + 2 * i,), generator=gen).tolist()
+        samples.append(
+            Sample(
+                prompt,
+                completion,
+                [0.0] * len(completion),
+                advantage=float(i) - 1.5,
+                reward=0.0,
+                truncated=False,
+            )
+        )
+    return samples
+
+
+def test_logprobs_equal_full_forward_in_float64(tiny_dir, tokenizer):
+    backend = make_backend(tiny_dir, tokenizer, temperature=0.8)
+    batch, _ = collate(random_batch(tokenizer), tokenizer.pad_token_id)
+    logprobs, entropy = backend.logprobs(batch, with_entropy=True)
+    model64 = copy.deepcopy(backend.model).double()
+    with torch.no_grad():
+        logits = model64(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits / 0.8
+    logp = torch.log_softmax(logits, dim=-1)
+    expected = torch.zeros_like(logprobs, dtype=torch.float64)
+    expected_entropy = torch.zeros_like(expected)
+    expected[:, 1:] = logp[:, :-1].gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
+    expected_entropy[:, 1:] = -(logp.exp() * logp).sum(-1)[:, :-1]
+    mask = batch.completion_mask.bool()
+    torch.testing.assert_close(logprobs[mask].double(), expected[mask], atol=1e-4, rtol=0)
+    torch.testing.assert_close(entropy[mask].double(), expected_entropy[mask], atol=1e-4, rtol=0)
+    assert (logprobs[~mask] == 0).all()
+
+
+def _policy_gradient_loss(logprobs, entropy, batch, extras):
+    # sum over tokens of -A * logp, divided by the minibatch's token count: microbatch losses add up
+    per_token = -extras["advantages"][:, None] * logprobs * batch.completion_mask
+    return per_token.sum() / extras["global_count"], {"entropy": entropy[batch.completion_mask.bool()].mean()}
+
+
+def test_microbatches_equal_one_batch(tiny_dir, tokenizer):
+    samples = random_batch(tokenizer, seed=2, rows=6)
+    whole = make_backend(tiny_dir, tokenizer)
+    split = make_backend(tiny_dir, tokenizer)
+    count = float(sum(len(s.completion_ids) for s in samples))
+    batch, extras = collate(samples, tokenizer.pad_token_id)
+    extras["global_count"] = count
+    r1 = whole.train_step([(batch, extras)], _policy_gradient_loss)
+    micro = []
+    for part in (samples[:2], samples[2:3], samples[3:]):
+        b, e = collate(part, tokenizer.pad_token_id)
+        e["global_count"] = count
+        micro.append((b, e))
+    r2 = split.train_step(micro, _policy_gradient_loss)
+    assert r1.grad_norm == pytest.approx(r2.grad_norm, rel=1e-4)
+    assert r1.loss == pytest.approx(r2.loss, rel=1e-4)
+    for (name, p1), p2 in zip(whole.model.named_parameters(), split.model.parameters()):
+        torch.testing.assert_close(p1, p2, atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_nan_loss_raises_before_the_optimizer_step(tiny_dir, tokenizer):
+    backend = make_backend(tiny_dir, tokenizer)
+    before = {k: v.clone() for k, v in backend.model.state_dict().items()}
+    batch, extras = collate(random_batch(tokenizer), tokenizer.pad_token_id)
+    with pytest.raises(NonFiniteError, match="not finite"):
+        backend.train_step([(batch, extras)], lambda lp, ent, b, e: (lp.sum() * float("nan"), {}))
+    for name, tensor in backend.model.state_dict().items():
+        assert torch.equal(tensor, before[name]), name
+    assert all(p.grad is None for p in backend.model.parameters())
+
+
+def test_weight_sync_makes_the_engine_bit_identical(tiny_dir, tokenizer):
+    backend = make_backend(tiny_dir, tokenizer, lr=1e-2)
+    batch, extras = collate(random_batch(tokenizer), tokenizer.pad_token_id)
+    extras["global_count"] = float(batch.completion_mask.sum())
+    backend.train_step([(batch, extras)], _policy_gradient_loss)  # the weights now differ from the file
+    engine_model = load_causal_lm(str(tiny_dir))
+    engine = TorchRolloutEngine(
+        engine_model, tokenizer, "cpu", eos_token_ids=eos_token_ids(tokenizer, engine_model)
+    )
+    assert not torch.equal(
+        engine_model.model.layers[0].mlp.up_proj.weight, backend.model.model.layers[0].mlp.up_proj.weight
+    )
+    engine.update_weights(backend.export_weights(bucket_bytes=64 * 1024))  # many small buckets
+    for name, tensor in backend.model.state_dict().items():
+        assert torch.equal(engine_model.state_dict()[name], tensor), name
+    # and the engine's logprobs of its own samples equal the trainer's (same weights, same temperature)
+    gens = engine.generate([[1, 2, 3], [4, 5]], SamplingParams(max_new_tokens=5, seed=0))
+    samples = [Sample(g.prompt_ids, g.completion_ids, g.completion_logprobs, 0.0, 0.0, False) for g in gens]
+    batch, extras = collate(samples, tokenizer.pad_token_id)
+    trainer_lp, _ = backend.logprobs(batch)
+    mask = batch.completion_mask.bool()
+    torch.testing.assert_close(trainer_lp[mask], extras["rollout_logprobs"][mask], atol=1e-4, rtol=0)
+
+
+def test_token_batch_layout(tokenizer):
+    s = Sample([5, 6, 7], [8, 9], [-0.5, -0.25], advantage=1.0, reward=1.0, truncated=False)
+    t = Sample([1], [2, 3, 4], [-1.0, -2.0, -3.0], advantage=-1.0, reward=0.0, truncated=True, train=False)
+    batch, extras = collate([s, t], pad_token_id=0)
+    assert isinstance(batch, TokenBatch)
+    assert batch.input_ids.tolist() == [[5, 6, 7, 8, 9], [1, 2, 3, 4, 0]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
+    assert batch.completion_mask.tolist() == [[0, 0, 0, 1, 1], [0, 0, 0, 0, 0]]  # train=False: masked out
+    assert extras["rollout_logprobs"][0].tolist() == [0, 0, 0, -0.5, -0.25]
+    assert extras["advantages"].tolist() == [1.0, -1.0]
