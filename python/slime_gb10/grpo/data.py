@@ -300,7 +300,7 @@ def evaluate_expression(operands: Sequence[int], ops: Sequence[str]) -> int:
 class ArithmeticTask:
     """Unlimited seeded arithmetic questions of graded difficulty (no download needed).
 
-    ``difficulty`` ``d`` in ``[0, 1]`` picks a level ``round(d * L)`` out of ``L`` steps, where each
+    ``difficulty`` ``d`` in ``[0, 1]`` picks a level ``floor(d * L + 0.5)`` of ``L`` steps, where each
     step adds one of: an operator (in the order of ``ops``), a digit per operand (from
     ``min_digits`` to ``max_digits``), an operand (from 2 to ``max_operands``), taken round-robin in
     that order while each has room. With the defaults (``+ - *``, 1-3 digits, up to 3 operands,
@@ -308,7 +308,9 @@ class ArithmeticTask:
     4 ``42 * 17 - 80``; 5 three-digit operands.
 
     So ``d = 0`` gives single-digit additions (``What is 3 + 4?``) that a 135M instruct model gets
-    right some of the time, and reward can rise in a short run. The schedule ramps ``d`` linearly
+    right some of the time, and reward can rise in a short run (measured once with the embedded
+    SmolLM2-135M-Instruct GGUF, greedy, 48 new tokens, the default instruction, on ``eval_set(32)``
+    of seed 0: 13/32 right at ``d = 0``, 15/32 at ``d = 0.2``, 0/32 at ``d = 0.4``). The schedule ramps ``d`` linearly
     from ``difficulty`` to ``max_difficulty`` over the first ``ramp_examples`` questions
     (``ramp_examples=0``: constant ``difficulty``).
 
