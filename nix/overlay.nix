@@ -3,6 +3,7 @@
 #   * CUDA 13 for the whole closure (blockers 1-3): torch, triton's ptxas, sgl-kernel and
 #     TransformerEngine all see the same `cudaPackages`;
 #   * the aarch64 SBSA fix for that CUDA set (cuda_compat off, as graham33/nixos-dgx-spark does);
+#   * nixpkgs build fixes for CUDA 13 at this pin (nix/fixes.nix);
 #   * the GB10 builds of sglang-kernel and transformer-engine, megatron-core, slime-gb10
 #     (nix/python-overlay.nix);
 #   * the user-facing environment `slime-gb10-env` (nix/packages/slime-gb10-env.nix).
@@ -19,8 +20,10 @@ let
   inherit (prev) lib;
   system = prev.stdenv.hostPlatform.system;
   profile = gb10.profileFor system;
+  fixes = import ./fixes.nix { inherit final prev; };
 in
-{
+fixes.topLevel
+// {
   # Blockers 1 + 2: one CUDA 13 package set for everything (CUDA 12.x ptxas has no sm_121a,
   # cu12 wheels need libnvrtc.so.12 / libcudart.so.12). graham33/nixos-dgx-spark's
   # overlays/fixes.nix selects the same attribute at this nixpkgs pin.
@@ -51,6 +54,7 @@ in
       final.cuda-profiler-api-shim;
 
   pythonPackagesExtensions = prev.pythonPackagesExtensions ++ [
+    fixes.python
     (import ./python-overlay.nix {
       inherit gb10 profile src;
       pkgs = final;

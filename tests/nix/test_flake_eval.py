@@ -275,3 +275,29 @@ def test_nixglhost_prefers_the_input_package(nix_eval):
         " in { a = fromInput.name; b = fromDefaultNix.name; c = none; }"
     )
     assert got == {"a": "nix-gl-host-from-flake", "b": "nixglhost", "c": None}
+
+
+def test_nixpkgs_fixes_apply_when_the_packages_exist(nix_eval):
+    """nix/fixes.nix against stubs of the five packages (the default fake has none of them)."""
+    got = nix_eval(
+        "let stubs = final: prev: {"
+        '  opencv4 = prev.lib.makeOverridable ({ enableCuda ? true }: { name = "opencv"; inherit enableCuda; }) { };'
+        "  pythonPackagesExtensions = prev.pythonPackagesExtensions ++ [ (pyFinal: pyPrev: let"
+        '    py = attrs: pyPrev.buildPythonPackage ({ version = "1"; } // attrs); in {'
+        '    psutil = py { pname = "psutil"; };'
+        '    compressed-tensors = py { pname = "compressed-tensors"; dependencies = [ ]; };'
+        '    cupy = prev.lib.makeOverridable ({ cudaPackages }: py { pname = "cupy"; cuda = cudaPackages.cudaMajorMinorVersion; })'
+        '      { cudaPackages = { cudaMajorMinorVersion = "12.9"; }; };'
+        '    bitsandbytes = py { pname = "bitsandbytes"; buildInputs = [ ]; };'
+        '    jupyter-server = py { pname = "jupyter-server"; };'
+        "  }) ]; };"
+        ' pkgs = import ./tests/nix/fake-nixpkgs { system = "aarch64-linux"; overlays = [ stubs'
+        "   (import ./nix/overlay.nix { gb10 = import ./nix/gb10.nix; src = ./.; }) ]; };"
+        " p = pkgs.python3Packages; in {"
+        "  opencvCuda = pkgs.opencv4.enableCuda;"
+        "  ct = map (d: d.pname) p.compressed-tensors.dependencies;"
+        "  cupy = p.cupy.cuda;"
+        "  bnb = map (d: d.pname) p.bitsandbytes.buildInputs;"
+        "  js = builtins.length p.jupyter-server.disabledTests; }"
+    )
+    assert got == {"opencvCuda": False, "ct": ["psutil"], "cupy": "13.2", "bnb": ["cuda_crt"], "js": 2}
