@@ -12,7 +12,8 @@
   nixglhost ? null,
   ruff,
 }:
-mkShell {
+# nvcc only accepts some gcc versions: the shell's compiler is the CUDA set's backendStdenv one.
+(mkShell.override { stdenv = cudaPackages.backendStdenv; }) {
   name = "slime-gb10-dev";
 
   packages = [

@@ -61,11 +61,18 @@ let
     );
   };
 
-  runtimeEnv = gb10.runtimeEnv {
-    ptxas = lib.getExe' cudaPackages.cuda_nvcc "ptxas";
-    cudaHome = "${cudaHome}";
-    inherit system;
-  };
+  runtimeEnv =
+    gb10.runtimeEnv {
+      ptxas = lib.getExe' cudaPackages.cuda_nvcc "ptxas";
+      cudaHome = "${cudaHome}";
+      inherit system;
+    }
+    // {
+      # Triton's launcher stubs and torch's JIT extensions are compiled at run time: with the CUDA
+      # set's gcc (one nvcc 13.2 accepts, linked against the closure's glibc), not the host's.
+      CC = lib.getExe' cudaPackages.backendStdenv.cc "cc";
+      CXX = lib.getExe' cudaPackages.backendStdenv.cc "c++";
+    };
 
   # Prints the directories to prepend to LD_LIBRARY_PATH for the host driver; exit 1 if none.
   hostDriver = writeShellScript "slime-gb10-host-driver" ''

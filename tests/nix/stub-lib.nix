@@ -55,6 +55,8 @@ rec {
         inherit override;
         overrideDerivation = throw "stub lib: overrideDerivation";
       }
+    else if b.isFunction result then
+      setFunctionArgs result (functionArgs result) // { inherit override; }
     else
       result;
   fileset = {

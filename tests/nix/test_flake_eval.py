@@ -172,13 +172,14 @@ def test_environment_and_devshell(nix_eval, flake_expr, system):
         f"let o = {flake_expr}; e = o.packages.{system}.slime-gb10; d = o.devShells.{system}.default; in {{"
         "  env = e.runtimeEnv; pkgs = map (p: p.pname or p.name) e.python.packages;"
         "  wrappers = map (p: p.name) (builtins.filter (p: p ? text) e.paths);"
-        "  hook = d.shellHook; shellPkgs = map (p: p.pname or p.name) d.packages; }"
+        "  hook = d.shellHook; shellPkgs = map (p: p.pname or p.name) d.packages; stdenv = d.stdenvName; }"
     )
     env = got["env"]
     assert env["TRITON_PTXAS_PATH"].endswith("-cuda_nvcc-13.2-bin/bin/ptxas")
     assert env["PYTORCH_ALLOC_CONF"] == "expandable_segments:True"
     assert env["TORCH_CUDA_ARCH_LIST"] == ("12.1a" if system == "aarch64-linux" else "9.0;10.0;12.0")
     assert "cuda-home" in env["CUDA_HOME"]
+    assert "gcc-wrapper" in env["CC"] and env["CC"].endswith("/bin/cc") and env["CXX"].endswith("/bin/c++")
     for needed in (
         "slime-gb10",
         "torch",
@@ -202,6 +203,7 @@ def test_environment_and_devshell(nix_eval, flake_expr, system):
     ):
         assert var in hook, var
     assert "slime-gb10 doctor" in hook
+    assert got["stdenv"] == "cuda-backend-stdenv"  # nvcc needs a gcc it supports
     for tool in ("cuda_nvcc", "cuda_cuobjdump", "nixglhost"):
         assert tool in got["shellPkgs"], tool
 

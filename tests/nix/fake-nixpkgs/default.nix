@@ -83,6 +83,11 @@ let
 
   cudaPackages_13_2 = {
     cudaMajorMinorVersion = "13.2";
+    # the stdenv whose gcc nvcc 13.2 supports (pkgs/development/cuda-modules: backendStdenv)
+    backendStdenv = {
+      name = "cuda-backend-stdenv";
+      cc = mkDrv { pname = "gcc-wrapper"; version = "14"; };
+    };
     cuda_nvcc = (cudaComponent "cuda_nvcc" [ "out" "bin" "include" ]) // { meta.mainProgram = "nvcc"; };
     cuda_cudart = cudaComponent "cuda_cudart" [ "out" "include" "lib" "stubs" ];
     cuda_cccl = cudaComponent "cuda_cccl" [ "out" "include" ];
@@ -98,7 +103,10 @@ let
 
   base = final: {
     inherit lib config;
-    stdenv.hostPlatform.system = system;
+    stdenv = {
+      name = "stdenv-linux";
+      hostPlatform.system = system;
+    };
     callPackage = callPackageWith final;
 
     cudaPackages_12_9 = throw "fake nixpkgs: the flake must not use CUDA 12";
@@ -127,7 +135,10 @@ let
       mkDrv (env // { inherit name; buildCommand = script; });
     stdenvNoCC.mkDerivation = attrs: mkDrv attrs;
     symlinkJoin = attrs: mkDrv attrs;
-    mkShell = attrs: mkDrv (attrs // { name = attrs.name or "shell"; });
+    # pkgs/build-support/mkshell: callPackage'd, so `mkShell.override { stdenv = …; }` works
+    mkShell = final.callPackage (
+      { stdenv }: attrs: mkDrv (attrs // { name = attrs.name or "shell"; stdenvName = stdenv.name; })
+    ) { };
     writeShellScript = name: text: mkDrv { inherit name text; };
     writeShellScriptBin =
       name: text:
