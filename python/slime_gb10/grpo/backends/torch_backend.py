@@ -247,9 +247,9 @@ def build_backend(config, tokenizer, device) -> TorchPolicyBackend:
     model = load_causal_lm(path, dtype=torch.float32, **kwargs)
     reference = None
     if config.algo.beta > 0 or config.algo.ref_kl_metric:
+        # Same FP32 weights under the same autocast as the policy: KL is exactly what the policy
+        # moved (0 before the first update), not BF16 rounding. Costs one FP32 copy of the model.
         reference = copy.deepcopy(model)
-        if device.type == "cuda":
-            reference = reference.to(torch.bfloat16)
     autocast = torch.bfloat16 if device.type == "cuda" and config.model.precision != "float32" else None
     return TorchPolicyBackend(
         model,
