@@ -35,6 +35,7 @@ let
       ps.pytest
       ps.hypothesis
       ps.matplotlib
+      ps.pyarrow
     ]
     ++ ps.slime-gb10.optional-dependencies.gguf
   );

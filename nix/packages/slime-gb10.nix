@@ -28,6 +28,7 @@
   gguf,
   accelerate,
   matplotlib,
+  pyarrow,
 
   # tests
   pytestCheckHook,
@@ -83,6 +84,7 @@ buildPythonPackage {
       accelerate
     ];
     plot = [ matplotlib ];
+    data = [ pyarrow ];
   };
 
   # The test suite runs as flake checks (nix/checks.nix) with the whole repository as source.

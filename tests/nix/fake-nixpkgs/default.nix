@@ -199,6 +199,7 @@ let
       gguf = simple "gguf";
       accelerate = simple "accelerate";
       matplotlib = simple "matplotlib";
+      pyarrow = simple "pyarrow";
       # pkgs/development/python-modules/sglang-kernel/default.nix (arguments and the attributes
       # the overlay extends: patches, cmakeFlags, preBuild)
       sglang-kernel = callPy (
