@@ -19,7 +19,7 @@ def pair(choice):
 
 
 def test_explicit_names_are_kept():
-    assert registry.resolve("sglang", "torch", torch.device("cpu"))[:2] == ("sglang", "torch")
+    assert pair(registry.resolve("sglang", "torch", torch.device("cpu"))) == ("sglang", "torch")
 
 
 def test_gpu_auto_needs_both(monkeypatch):
