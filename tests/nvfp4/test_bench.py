@@ -40,6 +40,7 @@ def test_format_table_lists_every_row():
                 "MiB_bf16": 256.0,
                 "GBps_given_scale": 2500.0,
                 "pct_copy_given_scale": 83.3,
+                "pct_copy_given_scale_divide_variant": 60.0,
                 "GBps_with_amax_stated_bytes": 1500.0,
                 "pct_copy_with_amax_stated_bytes": 50.0,
                 "pct_copy_dequantize": 80.0,

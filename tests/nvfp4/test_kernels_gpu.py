@@ -28,6 +28,54 @@ def _same_quantization(a, b) -> bool:
     )
 
 
+def boundary_probes(seed: int, rows: int = 64) -> tuple[torch.Tensor, float]:
+    """Rows whose elements sit on, and 1-2 FP32 ulps around, every E2M1 decision point d * t
+    (d = the block's s * global_scale, with a full 24-bit global scale): the cases where a
+    division that is off by one ulp would change a code."""
+    g = torch.Generator().manual_seed(seed)
+    gs = float(
+        torch.tensor(float(torch.rand(1, generator=g)) * 0.5 + 0.5)
+        * 2.0 ** int(torch.randint(-20, 5, (1,), generator=g))
+    )
+    thresholds = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.0])
+    out = torch.zeros(rows, 16)
+    for r in range(rows):
+        anchor = torch.tensor(
+            6.0
+            * float(2.0 ** torch.randint(-8, 8, (1,), generator=g))
+            * (1 + float(torch.rand(1, generator=g)))
+            * gs
+        )
+        block = torch.zeros(16)
+        block[0] = anchor
+        s = quantize_reference(block, gs).scale.float()[0]
+        d = (s * torch.tensor(gs, dtype=torch.float32)).float()
+        for k in range(1, 16):
+            t = thresholds[int(torch.randint(0, 8, (1,), generator=g))]
+            v = (
+                (d * t).float()
+                if t > 0
+                else torch.tensor(2.0**-149) * int(torch.randint(1, 4, (1,), generator=g))
+            )
+            for _ in range(int(torch.randint(-2, 3, (1,), generator=g))):
+                v = torch.nextafter(v, torch.tensor(float("inf")))
+            for _ in range(int(torch.randint(-2, 3, (1,), generator=g).clamp(max=0).neg())):
+                v = torch.nextafter(v, torch.tensor(0.0))
+            block[k] = -v if torch.rand(1, generator=g) < 0.5 else v
+        out[r] = block
+    return out, gs
+
+
+@pytest.mark.parametrize("divide", [False, True])
+def test_triton_quantize_on_decision_boundaries(kernels, divide):
+    for seed in range(8):
+        x, gs = boundary_probes(seed)
+        got = kernels.quantize_triton(x.cuda(), gs, divide=divide)
+        assert _same_quantization(got, quantize_reference(x, gs)), seed
+        got = kernels.quantize_triton(x.cuda(), divide=divide)
+        assert _same_quantization(got, quantize_reference(x)), seed
+
+
 SHAPES = [(16,), (1, 32), (3, 48), (7, 5, 64), (128, 4096), (257, 80), (1000, 1008), (4, 8192, 16)]
 
 
@@ -41,6 +89,7 @@ def test_triton_quantize_is_bit_identical_to_the_reference(kernels, shape, dtype
         expected = quantize_reference(x)  # on the CPU: an independent device and code path
         got = kernels.quantize_triton(x.cuda())
         assert _same_quantization(got, expected)
+        assert _same_quantization(kernels.quantize_triton(x.cuda(), divide=True), expected)
         # a given global scale (values beyond it saturate)
         gs = float(expected.global_scale) * 0.37
         assert _same_quantization(kernels.quantize_triton(x.cuda(), gs), quantize_reference(x, gs))

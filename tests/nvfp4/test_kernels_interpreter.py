@@ -28,7 +28,36 @@ SCRIPT = textwrap.dedent(
                 and torch.equal(a.scale.view(torch.uint8), b.scale.view(torch.uint8))
                 and torch.equal(a.global_scale.float(), b.global_scale.float()))
 
+
+    def boundary_probes(seed: int, rows: int = 64) -> tuple[torch.Tensor, float]:
+        # rows probing every E2M1 decision point d * t and its 1-2 ulp neighbours
+        g = torch.Generator().manual_seed(seed)
+        gs = float(torch.tensor(float(torch.rand(1, generator=g)) * 0.5 + 0.5) * 2.0 ** int(torch.randint(-20, 5, (1,), generator=g)))
+        thresholds = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.0])
+        out = torch.zeros(rows, 16)
+        for r in range(rows):
+            anchor = torch.tensor(6.0 * float(2.0 ** torch.randint(-8, 8, (1,), generator=g)) * (1 + float(torch.rand(1, generator=g))) * gs)
+            block = torch.zeros(16)
+            block[0] = anchor
+            s = quantize_reference(block, gs).scale.float()[0]
+            d = (s * torch.tensor(gs, dtype=torch.float32)).float()
+            for k in range(1, 16):
+                t = thresholds[int(torch.randint(0, 8, (1,), generator=g))]
+                v = (d * t).float() if t > 0 else torch.tensor(2.0**-149) * int(torch.randint(1, 4, (1,), generator=g))
+                for _ in range(int(torch.randint(-2, 3, (1,), generator=g))):
+                    v = torch.nextafter(v, torch.tensor(float("inf")))
+                for _ in range(int(torch.randint(-2, 3, (1,), generator=g).clamp(max=0).neg())):
+                    v = torch.nextafter(v, torch.tensor(0.0))
+                block[k] = -v if torch.rand(1, generator=g) < 0.5 else v
+            out[r] = block
+        return out, gs
+
     results = {}
+    for seed in range(3):
+        x, gs = boundary_probes(seed, rows=16)
+        ref = quantize_reference(x, gs)
+        results[f"boundaries_{seed}"] = same(kernels.quantize_triton(x, gs), ref)
+        results[f"boundaries_divide_{seed}"] = same(kernels.quantize_triton(x, gs, divide=True), ref)
     g = torch.Generator().manual_seed(0)
     cases = [((4, 64), torch.bfloat16, 0.0), ((3, 5, 32), torch.float32, 4.0), ((7, 48), torch.float16, 2.0),
              ((300, 16), torch.bfloat16, 8.0)]
@@ -37,6 +66,7 @@ SCRIPT = textwrap.dedent(
         x = x.clamp(-6e4, 6e4).to(dtype)
         ref = quantize_reference(x)
         results[f"quantize_{i}"] = same(kernels.quantize_triton(x), ref)
+        results[f"quantize_divide_{i}"] = same(kernels.quantize_triton(x, divide=True), ref)
         gs = float(ref.global_scale) * 0.3
         results[f"quantize_given_scale_{i}"] = same(kernels.quantize_triton(x, gs), quantize_reference(x, gs))
         for out in (torch.bfloat16, torch.float32, torch.float16):

@@ -15,10 +15,13 @@ def _abs_bits(x):
 
 
 @triton.jit
-def amax_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
-    tl.atomic_max(out_ptr, tl.max(_abs_bits(x), axis=0))
+def amax_kernel(x_ptr, partial_ptr, n, BLOCK: tl.constexpr):
+    """Per program: max |x| bits of BLOCK elements (no atomics: the host reduces the partials)."""
+    pid = tl.program_id(0)
+    first = pid.to(tl.int64) * BLOCK
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + first + offs, mask=offs < n - first, other=0.0)
+    tl.store(partial_ptr + pid, tl.max(_abs_bits(x), axis=0))
 
 
 @triton.jit
@@ -92,27 +95,105 @@ def e2m1_value(code):
 
 
 @triton.jit
-def quantize_kernel(x_ptr, data_ptr, scale_ptr, gs_ptr, flag_ptr, n_blocks, BLOCKS: tl.constexpr):
-    blocks = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
-    valid = blocks < n_blocks
-    offs = blocks[:, None] * 16 + tl.arange(0, 16)[None, :]
-    x = tl.load(x_ptr + offs, mask=valid[:, None], other=0.0).to(tl.float32)
-    tl.atomic_max(
-        flag_ptr, tl.max(tl.max(_abs_bits(x), axis=1), axis=0)
-    )  # NaN/Inf check on the host afterwards
+def _f32_at_least(p):
+    """Smallest FP32 >= p (p: non-negative FP64), via the RNE conversion and a one-step fix-up."""
+    r = p.to(tl.float32)
+    bits = r.to(tl.int32, bitcast=True)
+    return tl.where(r.to(tl.float64) < p, (bits + 1).to(tl.float32, bitcast=True), r)
+
+
+@triton.jit
+def _f32_above(p):
+    """Smallest FP32 > p (p: non-negative FP64)."""
+    r = p.to(tl.float32)
+    bits = r.to(tl.int32, bitcast=True)
+    bits = tl.where(r.to(tl.float64) > p, bits - 1, bits)  # largest FP32 <= p
+    return (bits + 1).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _threshold(d, t, half_ulp, AT_LEAST: tl.constexpr):
+    """The least |x| (FP32) for which fl(|x| / d) passes an E2M1 decision point t, exactly.
+
+    fl(y) >= t  <=>  y >= t - ulp/2  (t has an even significand, so the tie rounds to t), and
+    fl(y) > t   <=>  y > t + ulp/2. The boundary ``d * t +- d * ulp/2`` is exact in FP64 (both
+    products are, and their sum needs < 53 bits; t and ulp/2 are passed separately because a
+    float literal is rounded to FP32 by Triton); since |x| is an FP32 number, comparing it with
+    the nearest FP32 on the right side of the boundary is exact too.
+    """
+    d64 = d.to(tl.float64)
+    if AT_LEAST:
+        r = _f32_at_least(d64 * t - d64 * half_ulp)
+    else:
+        r = _f32_above(d64 * t + d64 * half_ulp)
+    return tl.where(d > 0, r, float("inf"))
+
+
+@triton.jit
+def quantize_kernel(
+    x_ptr, data_ptr, scale_ptr, gs_ptr, flag_ptr, n_blocks, BLOCKS: tl.constexpr, DIVIDE: tl.constexpr
+):
+    """BLOCKS 16-element blocks per program: read x once, write codes and E4M3 scales.
+
+    Element codes are decided without dividing: ``e2m1_rne(fl(x / d))`` only depends on which
+    decision points fl(|x| / d) passes, and each such test is equivalent to comparing |x| with a
+    per-block FP32 boundary (see ``_threshold``), so the result is bit-identical to the reference's
+    correctly rounded division. ``DIVIDE=True`` computes ``fl(x / d)`` with ``div_rn`` instead (the
+    literal formula; same bits, kept for comparison in the benchmark).
+    """
+    pid = tl.program_id(0)
+    first = pid.to(tl.int64) * BLOCKS  # 64-bit offsets through the (scalar) base pointers
+    x_ptr += first * 16
+    data_ptr += first * 8
+    scale_ptr += first
+    n_here = n_blocks - first
+    elems = tl.arange(0, BLOCKS * 16)  # a flat, contiguous range: vectorized 16-byte loads
+    x = tl.load(x_ptr + elems, mask=elems < n_here * 16, other=0.0).to(tl.float32)
+    x = tl.reshape(x, [BLOCKS, 16])
+    amax_bits = tl.max(_abs_bits(x), axis=1)  # integer max of |x| bits: the amax, and NaN > Inf > finite
+    tl.store(flag_ptr + pid, tl.max(amax_bits, axis=0))  # NaN/Inf: checked on the host
     gs = tl.load(gs_ptr)
-    amax = tl.max(tl.abs(x), axis=1)
+    amax = amax_bits.to(tl.float32, bitcast=True)
     s = tl.minimum(tl.math.div_rn(amax, 6.0 * gs), 448.0)
     s, s_bits = e4m3_rne(s)
-    tl.store(scale_ptr + blocks, s_bits.to(tl.uint8), mask=valid)
-    denominator = s * gs
-    has_scale = denominator > 0
-    safe = tl.where(has_scale, denominator, 1.0)
-    q = tl.where(has_scale[:, None], tl.math.div_rn(x, safe[:, None]), 0.0)
-    even, odd = tl.split(tl.reshape(q, [BLOCKS, 8, 2]))
-    packed = e2m1_code(even) | (e2m1_code(odd) << 4)
-    out = blocks[:, None] * 8 + tl.arange(0, 8)[None, :]
-    tl.store(data_ptr + out, packed.to(tl.uint8), mask=valid[:, None])
+    blocks = tl.arange(0, BLOCKS)
+    tl.store(scale_ptr + blocks, s_bits.to(tl.uint8), mask=blocks < n_here)
+    d = s * gs
+    if DIVIDE:
+        has_scale = d > 0
+        safe = tl.where(has_scale, d, 1.0)
+        q = tl.where(has_scale[:, None], tl.math.div_rn(x, safe[:, None]), 0.0)
+        q_even, q_odd = tl.split(tl.reshape(q, [BLOCKS, 8, 2]))
+        codes_even = e2m1_code(q_even)
+        codes_odd = e2m1_code(q_odd)
+    else:
+        # decision points of e2m1_code: q > 0.25, q >= 0.75, q > 1.25, q >= 1.75, q > 2.5, q >= 3.5, q > 5
+        c0 = _threshold(d, 0.25, 2.0**-26, False)[:, None]
+        c1 = _threshold(d, 0.75, 2.0**-25, True)[:, None]
+        c2 = _threshold(d, 1.25, 2.0**-24, False)[:, None]
+        c3 = _threshold(d, 1.75, 2.0**-24, True)[:, None]
+        c4 = _threshold(d, 2.5, 2.0**-23, False)[:, None]
+        c5 = _threshold(d, 3.5, 2.0**-23, True)[:, None]
+        c6 = _threshold(d, 5.0, 2.0**-22, False)[:, None]
+        nonzero = _threshold(d, 0.0, 2.0**-150, False)[:, None]  # fl(|x| / d) != 0
+        even, odd = tl.split(tl.reshape(x, [BLOCKS, 8, 2]))
+        codes_even = _e2m1_code_from_thresholds(even, c0, c1, c2, c3, c4, c5, c6, nonzero)
+        codes_odd = _e2m1_code_from_thresholds(odd, c0, c1, c2, c3, c4, c5, c6, nonzero)
+    packed = tl.reshape(codes_even | (codes_odd << 4), [BLOCKS * 8])
+    out = tl.arange(0, BLOCKS * 8)
+    tl.store(data_ptr + out, packed.to(tl.uint8), mask=out < n_here * 8)
+
+
+@triton.jit
+def _e2m1_code_from_thresholds(x, c0, c1, c2, c3, c4, c5, c6, nonzero):
+    """Number of boundaries c0 <= ... <= c6 that |x| reaches (a 3-step binary search), plus the sign."""
+    a = tl.abs(x)
+    upper = a >= c3
+    middle = a >= tl.where(upper, c5, c1)
+    lower = a >= tl.where(upper, tl.where(middle, c6, c4), tl.where(middle, c2, c0))
+    index = upper.to(tl.int32) * 4 + middle.to(tl.int32) * 2 + lower.to(tl.int32)
+    negative = (x < 0) & (a >= nonzero)
+    return index + negative.to(tl.int32) * 8
 
 
 @triton.jit
@@ -131,43 +212,47 @@ def dequantize_kernel(data_ptr, scale_ptr, gs_ptr, out_ptr, n_blocks, BLOCKS: tl
 
 @triton.jit
 def decode_prmt(packed, scale):
-    """Inline-PTX decoder (sm_90+): 4 bytes (8 codes) -> two BF16 tensors times the group scale.
+    """Inline-PTX decoder (sm_90+): 4 bytes (8 codes n0..n7) -> two BF16 tensors times the group scale.
 
-    For bytes b0..b3 holding nibbles n0..n7 (n_2i low, n_2i+1 high), output A gets
-    (n0, n4, n2, n6) and B gets (n1, n5, n3, n7): the GEMM reads x in the same order.
-    Magnitudes come from two 8-entry byte tables (low and high byte of the BF16 value) through
-    ``prmt``; the sign is OR-ed in; ``mul.rn.bf16x2`` applies the scale.
+    Output A gets the low nibbles (n0, n2, n4, n6: the even elements), B the high nibbles (odd
+    elements), in order, as ``e2m1_value`` would. Magnitudes come from two 8-entry byte tables (the
+    low and high byte of each BF16 value) looked up by ``prmt``; sign bits are moved into place by
+    ``prmt`` too; ``mul.rn.bf16x2`` applies the scale. About 4 instructions per element.
     """
     return tl.inline_asm_elementwise(
         asm="""
         {
-        .reg .b32 ie, io, se, so, t, r_le, r_he, r_lo, r_ho, m0, m1, m2, m3, tlo_a, tlo_b, thi_a, thi_b;
-        mov.b32 tlo_a, 0xC0800000;
-        mov.b32 tlo_b, 0xC0804000;
-        mov.b32 thi_a, 0x3F3F3F00;
-        mov.b32 thi_b, 0x40404040;
+        .reg .b32 ie, io, se, so, r4, t, r_le, r_he, r_lo, r_ho, m0, m1, m2, m3, tla, tlb, tha, thb;
+        mov.b32 tla, 0xC0800000;
+        mov.b32 tlb, 0xC0804000;
+        mov.b32 tha, 0x3F3F3F00;
+        mov.b32 thb, 0x40404040;
         and.b32 ie, $4, 0x07070707;
         shr.b32 io, $4, 4;
         and.b32 io, io, 0x07070707;
-        shr.b32 t, ie, 12;
-        or.b32 se, ie, t;
-        shr.b32 t, io, 12;
-        or.b32 so, io, t;
-        prmt.b32 r_le, tlo_a, tlo_b, se;
-        prmt.b32 r_he, thi_a, thi_b, se;
-        prmt.b32 r_lo, tlo_a, tlo_b, so;
-        prmt.b32 r_ho, thi_a, thi_b, so;
+        shr.b32 t, ie, 4;
+        or.b32 ie, ie, t;
+        prmt.b32 se, ie, 0, 0x0020;
+        shr.b32 t, io, 4;
+        or.b32 io, io, t;
+        prmt.b32 so, io, 0, 0x0020;
+        prmt.b32 r_le, tla, tlb, se;
+        prmt.b32 r_he, tha, thb, se;
+        prmt.b32 r_lo, tla, tlb, so;
+        prmt.b32 r_ho, tha, thb, so;
         prmt.b32 m0, r_le, r_he, 0x5140;
         prmt.b32 m1, r_le, r_he, 0x7362;
         prmt.b32 m2, r_lo, r_ho, 0x5140;
         prmt.b32 m3, r_lo, r_ho, 0x7362;
-        shl.b32 t, $4, 12;
+        shl.b32 r4, $4, 4;
+        prmt.b32 t, r4, 0, 0x1404;
         lop3.b32 m0, m0, 0x80008000, t, 0xf8;
-        shl.b32 t, $4, 4;
+        prmt.b32 t, r4, 0, 0x3424;
         lop3.b32 m1, m1, 0x80008000, t, 0xf8;
-        shl.b32 t, $4, 8;
+        prmt.b32 t, $4, 0, 0x1404;
         lop3.b32 m2, m2, 0x80008000, t, 0xf8;
-        lop3.b32 m3, m3, 0x80008000, $4, 0xf8;
+        prmt.b32 t, $4, 0, 0x3424;
+        lop3.b32 m3, m3, 0x80008000, t, 0xf8;
         mul.rn.bf16x2 $0, m0, $5;
         mul.rn.bf16x2 $1, m1, $5;
         mul.rn.bf16x2 $2, m2, $5;
@@ -190,19 +275,28 @@ def w4a16_kernel(
     gs_ptr,
     out_ptr,
     bias_ptr,
+    partial_ptr,
+    counter_ptr,
     M,
     N,
     K,
+    MN,
     stride_xm,
     tiles_per_split,
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
+    SPLIT: tl.constexpr,
     USE_ASM: tl.constexpr,
     HAS_BIAS: tl.constexpr,
-    SPLIT: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
+    """out[M, N] = x[M, K] @ dequantize(W)[N, K]^T (+ bias), W streamed as packed NVFP4.
+
+    Grid: (M tiles x N tiles, SPLIT). With SPLIT > 1 each program writes an FP32 partial; the last
+    program to finish an output tile (an atomic counter, reset afterwards) adds the partials in
+    split order (deterministic) and writes the BF16 result: one launch.
+    """
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     num_n = tl.cdiv(N, BN)
@@ -215,11 +309,7 @@ def w4a16_kernel(
     G: tl.constexpr = BK // 16
     group = tl.arange(0, G)
     byte = tl.arange(0, 8)
-    half = tl.arange(0, BK // 2)
-    if USE_ASM:  # the order decode_prmt produces: within each 8 elements (0, 4, 2, 6) and (1, 5, 3, 7)
-        x_index = 8 * (half // 4) + ((half & 1) << 2) + (half & 2)
-    else:
-        x_index = 2 * half
+    kk = tl.arange(0, BK)
     half_k = K // 2
     k_groups = K // 16
     gs = tl.load(gs_ptr)
@@ -239,43 +329,38 @@ def w4a16_kernel(
         scale_bytes = tl.load(s_rows + g[None, :], mask=n_mask[:, None] & g_mask[None, :], other=0)
         scale = e4m3_decode(scale_bytes) * gs
         if USE_ASM:
-            w_a, w_b = decode_prmt(packed, scale.to(tl.bfloat16)[:, :, None])
+            w_even, w_odd = decode_prmt(packed, scale.to(tl.bfloat16)[:, :, None])
         else:
             packed = packed.to(tl.int32)
-            w_a = to_bf16_rne(e2m1_value(packed & 15) * scale[:, :, None])
-            w_b = to_bf16_rne(e2m1_value(packed >> 4) * scale[:, :, None])
-        w_a = tl.reshape(w_a, [BN, BK // 2])
-        w_b = tl.reshape(w_b, [BN, BK // 2])
-        k = tile * BK + x_index
-        x_mask = m_mask[:, None] & (k < K)[None, :]
-        x_a = tl.load(x_rows + k[None, :], mask=x_mask, other=0.0)
-        x_b = tl.load(x_rows + (k + 1)[None, :], mask=x_mask, other=0.0)
+            w_even = to_bf16_rne(e2m1_value(packed & 15) * scale[:, :, None])
+            w_odd = to_bf16_rne(e2m1_value(packed >> 4) * scale[:, :, None])
+        w_even = tl.reshape(w_even, [BN, BK // 2])
+        w_odd = tl.reshape(w_odd, [BN, BK // 2])
+        k = tile * BK + kk
+        x = tl.load(x_rows + k[None, :], mask=m_mask[:, None] & (k < K)[None, :], other=0.0)
+        x_even, x_odd = tl.split(tl.reshape(x, [BM, BK // 2, 2]))
         if INTERPRET:  # the interpreter's BF16 dot is wrong; FP32 products of BF16 values are exact
-            acc = tl.dot(x_a.to(tl.float32), tl.trans(w_a.to(tl.float32)), acc)
-            acc = tl.dot(x_b.to(tl.float32), tl.trans(w_b.to(tl.float32)), acc)
+            acc = tl.dot(x_even.to(tl.float32), tl.trans(w_even.to(tl.float32)), acc)
+            acc = tl.dot(x_odd.to(tl.float32), tl.trans(w_odd.to(tl.float32)), acc)
         else:
-            acc = tl.dot(x_a, tl.trans(w_a), acc)
-            acc = tl.dot(x_b, tl.trans(w_b), acc)
+            acc = tl.dot(x_even, tl.trans(w_even), acc)
+            acc = tl.dot(x_odd, tl.trans(w_odd), acc)
     out_mask = m_mask[:, None] & n_mask[None, :]
-    if SPLIT:
-        offs = pid_k.to(tl.int64) * M * N + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
-        tl.store(out_ptr + offs, acc, mask=out_mask)
+    tile_offs = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    if SPLIT > 1:
+        tl.store(partial_ptr + pid_k * MN + tile_offs, acc, mask=out_mask)
+        done = tl.atomic_add(counter_ptr + pid, 1, sem="acq_rel")
+        if done == SPLIT - 1:  # the last program of this output tile: reduce in split order
+            acc = tl.zeros((BM, BN), dtype=tl.float32)
+            for s in range(SPLIT):
+                acc += tl.load(
+                    partial_ptr + s * MN + tile_offs, mask=out_mask, other=0.0, cache_modifier=".cg"
+                )
+            if HAS_BIAS:
+                acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+            tl.store(out_ptr + tile_offs, to_output(acc, out_ptr.dtype.element_ty), mask=out_mask)
+            tl.atomic_xchg(counter_ptr + pid, 0)  # ready for the next call
     else:
         if HAS_BIAS:
             acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        offs = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
-        tl.store(out_ptr + offs, to_output(acc, out_ptr.dtype.element_ty), mask=out_mask)
-
-
-@triton.jit
-def split_sum_kernel(
-    partial_ptr, bias_ptr, out_ptr, MN, N, SPLITS, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr
-):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < MN
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in range(SPLITS):
-        acc += tl.load(partial_ptr + s * MN + offs, mask=mask, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + offs, to_output(acc, out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + tile_offs, to_output(acc, out_ptr.dtype.element_ty), mask=out_mask)

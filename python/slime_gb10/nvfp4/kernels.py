@@ -61,7 +61,6 @@ def _kernels():
         "quantize": k.quantize_kernel,
         "dequantize": k.dequantize_kernel,
         "w4a16": k.w4a16_kernel,
-        "split_sum": k.split_sum_kernel,
     }
 
 
@@ -90,11 +89,12 @@ def _raise_if_not_finite(bits: int, x: torch.Tensor) -> None:
 def amax_triton(x: torch.Tensor) -> torch.Tensor:
     """max |x| as an FP32 scalar tensor on x's device (one pass; NaN/Inf show up as >= Inf)."""
     x = x.contiguous().view(-1)
-    out = torch.zeros(1, dtype=torch.int32, device=x.device)
-    if x.numel():
-        grid = (-(-x.numel() // AMAX_BLOCK),)
-        _kernels()["amax"][grid](x, out, x.numel(), BLOCK=AMAX_BLOCK)
-    return out.view(torch.float32).reshape(())
+    if not x.numel():
+        return torch.zeros((), dtype=torch.float32, device=x.device)
+    programs = -(-x.numel() // AMAX_BLOCK)
+    partial = torch.empty(programs, dtype=torch.int32, device=x.device)
+    _kernels()["amax"][(programs,)](x, partial, x.numel(), BLOCK=AMAX_BLOCK)
+    return partial.max().view(torch.float32).reshape(())
 
 
 def quantize_triton(
@@ -103,12 +103,15 @@ def quantize_triton(
     *,
     blocks_per_program: int = QUANTIZE_BLOCKS,
     num_warps: int = 4,
+    check_finite: bool = True,
+    divide: bool = False,
 ) -> NVFP4Tensor:
     """Triton NVFP4 quantization, bit-identical to :func:`~slime_gb10.nvfp4.format.quantize_reference`.
 
     With ``global_scale=None`` a first pass computes the amax (and checks for NaN/Inf); the
     quantize pass always records max |x| too, so bad values raise ``ValueError`` either way
-    (one host sync per call).
+    (one host sync per call). ``check_finite=False`` (with a given ``global_scale``) skips that check
+    and its sync, e.g. inside a CUDA graph; NaN/Inf input then gives unspecified codes.
     """
     check_quantizable(x)
     _check_device(x)
@@ -123,17 +126,27 @@ def quantize_triton(
         amax = amax_triton(flat)
         _raise_if_not_finite(int(amax.view(torch.int32)), x)
         gs = torch.where(amax > 0, amax / 2688.0, torch.ones_like(amax)).to(torch.float32)
+    elif isinstance(global_scale, torch.Tensor) and global_scale.is_cuda and not check_finite:
+        gs = global_scale.detach().to(torch.float32)  # no validation (it would sync): caller's duty
     else:
         gs = as_global_scale(global_scale, x.device)
     gs = gs.reshape(1).contiguous()
     if n_blocks:
-        flag = torch.zeros(1, dtype=torch.int32, device=x.device)
-        grid = (-(-n_blocks // blocks_per_program),)
-        _kernels()["quantize"][grid](
-            flat, data, scale, gs, flag, n_blocks, BLOCKS=blocks_per_program, num_warps=num_warps
+        programs = -(-n_blocks // blocks_per_program)
+        flag = torch.empty(programs, dtype=torch.int32, device=x.device)
+        _kernels()["quantize"][(programs,)](
+            flat,
+            data,
+            scale,
+            gs,
+            flag,
+            n_blocks,
+            BLOCKS=blocks_per_program,
+            DIVIDE=divide,
+            num_warps=num_warps,
         )
-        if global_scale is not None:
-            _raise_if_not_finite(int(flag), x)
+        if global_scale is not None and check_finite:
+            _raise_if_not_finite(int(flag.max()), x)
     return NVFP4Tensor(data, scale.view(torch.float8_e4m3fn), gs.reshape(()), shape, dtype)
 
 
@@ -165,17 +178,27 @@ def dequantize_triton(q: NVFP4Tensor, dtype: torch.dtype | None = None) -> torch
 FUSED_MAX_M = 64
 
 
+@functools.cache
+def _capability(device_index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device_index)
+
+
+@functools.cache
+def _sm_count_of(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 def asm_supported(device: torch.device) -> bool:
     """The inline-PTX decoder needs ``mul.rn.bf16x2`` (sm_90+) and a real GPU (not the interpreter)."""
     if interpreting() or device.type != "cuda":
         return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())[0] >= 9
 
 
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 8
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return _sm_count_of(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def w4a16_config(M: int, N: int, K: int, sm_count: int) -> dict:
@@ -185,8 +208,23 @@ def w4a16_config(M: int, N: int, K: int, sm_count: int) -> dict:
     BK = 256 if K % 256 == 0 else 128 if K % 128 == 0 else 64 if K % 64 == 0 else 32
     k_tiles = -(-K // BK)
     tiles = -(-M // BM) * -(-N // BN)
-    split = max(1, min(k_tiles, (2 * sm_count) // max(tiles, 1)))
+    split = max(1, min(k_tiles, (2 * sm_count) // max(tiles, 1), 32))
     return {"BM": BM, "BN": BN, "BK": BK, "split": split, "num_warps": 4, "num_stages": 3}
+
+
+_COUNTERS: dict[tuple, torch.Tensor] = {}
+
+
+def _split_counters(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed int32 tile counters for the split-K reduction, one buffer per device and stream (the
+    kernel resets each counter it uses, so the buffer stays zero between calls)."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+    return buf
 
 
 def w4a16_matmul(
@@ -202,7 +240,7 @@ def w4a16_matmul(
 
     ``config`` overrides :func:`w4a16_config` (keys BM, BN, BK, split, num_warps, num_stages);
     ``use_asm`` forces the decoder (default: the inline-PTX one on sm_90+); ``out`` is an optional
-    contiguous BF16 ``[M, N]`` output buffer.
+    contiguous BF16 ``[M, N]`` output buffer. One kernel launch (split-K reduces in-kernel).
     """
     _check_device(x)
     N, K = w.shape
@@ -221,44 +259,45 @@ def w4a16_matmul(
         raise ValueError(f"out must be a contiguous {x.dtype} tensor of shape {(M, N)}")
     if M == 0:
         return out.reshape(*lead, N)
-    cfg = dict(config or w4a16_config(M, N, K, _sm_count(x.device)))
+    cfg = config or w4a16_config(M, N, K, _sm_count(x.device))
     asm = asm_supported(x.device) if use_asm is None else use_asm
     k_tiles = -(-K // cfg["BK"])
     split = max(1, min(int(cfg["split"]), k_tiles))
     tiles_per_split = -(-k_tiles // split)
     split = -(-k_tiles // tiles_per_split)
     grid = (-(-M // cfg["BM"]) * -(-N // cfg["BN"]), split)
-    kernels = _kernels()
     has_bias = bias is not None
     bias_arg = bias.contiguous() if has_bias else out
-    target = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else out
-    kernels["w4a16"][grid](
+    if split > 1:
+        partial = torch.empty((split, M, N), dtype=torch.float32, device=x.device)
+        counters = _split_counters(x.device, grid[0])
+    else:
+        partial, counters = out, out
+    _kernels()["w4a16"][grid](
         x2,
         w.data,
         w.scale.view(torch.uint8),
         w.global_scale.to(torch.float32).reshape(1),
-        target,
+        out,
         bias_arg,
+        partial,
+        counters,
         M,
         N,
         K,
+        M * N,
         x2.stride(0),
         tiles_per_split,
         BM=cfg["BM"],
         BN=cfg["BN"],
         BK=cfg["BK"],
+        SPLIT=split,
         USE_ASM=asm,
         HAS_BIAS=has_bias,
-        SPLIT=split > 1,
         INTERPRET=interpreting(),
         num_warps=cfg.get("num_warps", 4),
         num_stages=cfg.get("num_stages", 3),
     )
-    if split > 1:
-        block = 1024
-        kernels["split_sum"][(-(-(M * N) // block),)](
-            target, bias_arg, out, M * N, N, split, HAS_BIAS=has_bias, BLOCK=block
-        )
     return out.reshape(*lead, N)
 
 
