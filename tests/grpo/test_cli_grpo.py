@@ -96,7 +96,8 @@ def test_train_plot_eval_end_to_end(tmp_path, tiny_dir):
     assert result.exit_code == 0, result.output
     assert "done: 2 steps" in result.output
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2] and "eval/pass@1" in rows[1]
+    assert [r["step"] for r in rows] == [0, 1, 2]  # step 0: the initial model's eval
+    assert "eval/pass@1" in rows[0] and "eval/pass@1" in rows[2] and "eval/pass@1" not in rows[1]
     assert invoke("plot", str(run)).exit_code == 0 and (run / "curves.png").is_file()
     out = tmp_path / "eval.json"
     result = invoke(
@@ -109,7 +110,7 @@ def test_train_plot_eval_end_to_end(tmp_path, tiny_dir):
     # resume past the end: extends the run by one step
     result = invoke("train", "--resume", str(run), "--steps", "3", "--device", "cpu", "--no-progress")
     assert result.exit_code == 0, result.output
-    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2, 3]
 
 
 def test_ctrl_c_exits_130_and_says_where_the_checkpoint_is(monkeypatch, tmp_path, tiny_dir):

@@ -119,6 +119,7 @@ class AlgoConfig(_Section):
 
 class EvalConfig(_Section):
     every: int = Field(default=10, ge=0)  # 0: never during training
+    at_start: bool = True  # also evaluate the initial model (a "step 0" row), when every > 0
     num_prompts: int = Field(default=32, ge=1)
     k: int = Field(default=4, ge=1)  # pass@k with k samples per prompt
     temperature: float = Field(default=1.0, ge=0.0)

@@ -273,6 +273,12 @@ class GRPOTrainer:
             progress = tqdm(
                 total=cfg.train.steps, initial=self.step, desc="GRPO", unit="step", dynamic_ncols=True
             )
+        if cfg.eval.every and cfg.eval.at_start and self.step == 0 and self.eval_examples:
+            start = time.perf_counter()
+            row = {"step": 0, **{f"eval/{k}": v for k, v in self.run_eval().items()}}
+            row["eval_time_s"] = time.perf_counter() - start
+            self.logger.log_step(row)
+            log.info("step 0 eval: %s", {k: round(v, 4) for k, v in row.items() if k.startswith("eval/")})
         try:
             while self.step < cfg.train.steps:
                 try:
