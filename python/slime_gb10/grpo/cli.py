@@ -196,10 +196,12 @@ def train_command(config_file, sets, data_path, verbose, resume_dir, print_confi
     finally:
         trainer.close()
     if history:
-        first, last = history[0], history[-1]
+        n = min(3, len(history))
+        first = sum(r["reward_mean"] for r in history[:n]) / n
+        last = sum(r["reward_mean"] for r in history[-n:]) / n
         click.echo(
-            f"done: {len(history)} steps, reward {first['reward_mean']:.3f} -> {last['reward_mean']:.3f}, "
-            f"outputs in {config.output.dir}"
+            f"done: {len(history)} steps, mean reward of the first {n} steps {first:.3f} -> last {n} steps "
+            f"{last:.3f}; outputs in {config.output.dir} (curves: slime-gb10 plot {config.output.dir})"
         )
 
 
