@@ -357,3 +357,77 @@ def test_names_and_shapes_match_a_real_megatron_gpt_model(tmp_path):
     _, model = _random_model("qwen2_bias_untied")
     ours = {k: list(v.shape) for k, v in hf_to_megatron(_hf_state(model), arch, "local").items()}
     assert ours == real
+
+
+def _fake_te_recipe_module(nvfp4_wgrad_field: str):
+    """Stand-in for ``transformer_engine.common.recipe`` (TE needs CUDA libraries to import; its
+    wheel is ~275 MB). Field names as in TransformerEngine's recipe/__init__.py: newer releases
+    have ``backward_override`` on NVFP4BlockScaling, the GB10 nanochat port used a release with
+    ``override_linear_precision``."""
+    import dataclasses
+    import enum
+    import types
+
+    class Format(enum.Enum):
+        E2M1 = "E2M1"
+        E4M3 = "E4M3"
+        HYBRID = "HYBRID"
+
+    @dataclasses.dataclass
+    class Float8CurrentScaling:
+        fp8_format: Format = Format.HYBRID
+
+    @dataclasses.dataclass
+    class DelayedScaling:
+        fp8_format: Format = Format.HYBRID
+
+    extra = {"override_linear_precision": tuple, "backward_override": object}[nvfp4_wgrad_field]
+    NVFP4BlockScaling = dataclasses.make_dataclass(
+        "NVFP4BlockScaling",
+        [
+            ("disable_rht", bool, dataclasses.field(default=False)),
+            ("disable_stochastic_rounding", bool, dataclasses.field(default=False)),
+            ("disable_2d_quantization", bool, dataclasses.field(default=False)),
+            (nvfp4_wgrad_field, extra, dataclasses.field(default=None)),
+        ],
+    )
+    module = types.ModuleType("transformer_engine.common.recipe")
+    module.Format, module.Float8CurrentScaling, module.DelayedScaling = (
+        Format,
+        Float8CurrentScaling,
+        DelayedScaling,
+    )
+    module.NVFP4BlockScaling = NVFP4BlockScaling
+    return module
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None,
+    reason="megatron-core is not installed (optional here: pip install --no-deps megatron-core==0.16.1)",
+)
+@pytest.mark.parametrize("wgrad_field", ["override_linear_precision", "backward_override"])
+def test_te_recipes_disable_rht_and_keep_wgrad_bf16_on_sm12x_only(monkeypatch, wgrad_field):
+    import types
+
+    from slime_gb10.grpo.backends.megatron_backend import te_recipe
+
+    recipe_module = _fake_te_recipe_module(wgrad_field)
+    common = types.ModuleType("transformer_engine.common")
+    common.recipe = recipe_module
+    te = types.ModuleType("transformer_engine")
+    te.common = common
+    monkeypatch.setitem(sys.modules, "transformer_engine", te)
+    monkeypatch.setitem(sys.modules, "transformer_engine.common", common)
+    monkeypatch.setitem(sys.modules, "transformer_engine.common.recipe", recipe_module)
+
+    assert te_recipe("bf16", (12, 1)) is None
+    fp8 = te_recipe("fp8", (12, 1))
+    assert type(fp8).__name__ == "Float8CurrentScaling" and fp8.fp8_format.name == "HYBRID"
+    gb10 = te_recipe("nvfp4", (12, 1))
+    assert gb10.disable_rht is True  # TE issue #2372: the RHT kernel fails on sm_120/sm_121
+    expected = (False, False, True) if wgrad_field == "override_linear_precision" else "high_precision"
+    assert getattr(gb10, wgrad_field) == expected
+    blackwell_dc = te_recipe("nvfp4", (10, 0))  # B200: TE's defaults (RHT on)
+    assert blackwell_dc.disable_rht is False and getattr(blackwell_dc, wgrad_field) is None
+    with pytest.raises(ValueError, match="bf16, fp8 or nvfp4"):
+        te_recipe("int8", (12, 1))
