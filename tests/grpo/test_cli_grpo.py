@@ -124,3 +124,26 @@ def test_ctrl_c_exits_130_and_says_where_the_checkpoint_is(monkeypatch, tmp_path
     result = invoke("train", "--model", str(tiny_dir), "--output", str(tmp_path / "run"), "--device", "cpu")
     assert result.exit_code == 130
     assert "step-000001" in result.output and "--resume" in result.output
+
+
+def test_over_long_prompts_are_left_out_not_fatal(tmp_path, tiny_dir):
+    path = tmp_path / "data.jsonl"
+    rows = [{"prompt": "What is 1 + 1?", "ground_truth": "2"}, {"prompt": "word " * 400, "ground_truth": "0"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    base = ["--data", str(path), "--model", str(tiny_dir), "--device", "cpu", "--steps", "1", "--no-progress"]
+    small = [
+        "--prompts-per-step",
+        "1",
+        "--group-size",
+        "2",
+        "--max-new-tokens",
+        "2",
+        "--set",
+        "data.eval_size=0",
+    ]
+    result = invoke("train", *base, *small, "--output", str(tmp_path / "run"))
+    assert result.exit_code == 0, result.output
+    result = invoke(
+        "train", *base, *small, "--output", str(tmp_path / "run2"), "--set", "rollout.max_prompt_tokens=5"
+    )
+    assert result.exit_code == 1 and "every training prompt is longer" in result.output

@@ -269,6 +269,7 @@ def run_eval(config: GRPOConfig) -> dict[str, float]:
     trainer.tokenizer = load_tokenizer(
         resolve_model_path(config.model.name_or_path), config.model.trust_remote_code
     )
+    trainer.eval_examples = trainer._drop_long_prompts(trainer.eval_examples, "eval")
     device = registry.resolve_device(config.backends.device)
     engine_name = registry.resolve_engine(config.backends.rollout, device)
     log.info("eval with the %s rollout engine on %s", engine_name, device)

@@ -155,6 +155,7 @@ class GRPOTrainer:
             )
         if self.engine is None or self.backend is None:
             self.engine, self.backend, self.choice, self.device = registry.build_pair(cfg, self.tokenizer)
+        self._build_sampler()
         self.device = self.device or getattr(self.backend, "device", torch.device("cpu"))
         self.pad_token_id = self.tokenizer.pad_token_id
 
@@ -203,6 +204,39 @@ class GRPOTrainer:
                 raise DataError(
                     f"no training prompts left in '{cfg.path}' after holding out {cfg.eval_size} for eval"
                 )
+        self._train_source = source
+
+    def _drop_long_prompts(self, examples: list, what: str) -> list:
+        """Leave out prompts longer than ``rollout.max_prompt_tokens`` (logged), instead of failing mid-run."""
+        kept = []
+        for example in examples:
+            try:
+                self.prompt_ids(example)
+            except DataError:
+                continue
+            kept.append(example)
+        if len(kept) < len(examples):
+            log.warning(
+                "%d of %d %s prompts are longer than rollout.max_prompt_tokens=%d tokens and were left out",
+                len(examples) - len(kept),
+                len(examples),
+                what,
+                self.config.rollout.max_prompt_tokens,
+            )
+        return kept
+
+    def _build_sampler(self) -> None:
+        from slime_gb10.grpo import data
+
+        source = self._train_source
+        if isinstance(source, list):
+            source = self._drop_long_prompts(source, "training")
+            if not source:
+                raise DataError(
+                    f"every training prompt is longer than rollout.max_prompt_tokens="
+                    f"{self.config.rollout.max_prompt_tokens}; raise it"
+                )
+        self.eval_examples = self._drop_long_prompts(self.eval_examples, "eval")
         self.sampler = data.PromptSampler(
             source, batch_size=self.config.rollout.prompts_per_step, seed=self.config.train.seed
         )
@@ -287,8 +321,7 @@ class GRPOTrainer:
                     where = self._last_checkpoint or "none written yet"
                     raise TrainingDiverged(
                         f"step {self.step + 1}: {exc}. Training stopped; the weights were not updated. "
-                        f"Last good checkpoint: {where}. Lower train.lr or raise train.max_grad_norm's strictness "
-                        "(smaller value), then --resume."
+                        f"Last good checkpoint: {where}. Lower train.lr (or train.max_grad_norm), then --resume."
                     ) from exc
                 history.append(row)
                 if progress is not None:
