@@ -518,3 +518,22 @@ def test_doctor_on_a_real_gpu_has_no_fail():
     ):
         assert by_name[name]["status"] == "ok", by_name[name]
     assert doctor.summarize([CheckResult(**c) for c in report["checks"]])["fail"] == 0
+
+
+def test_grpo_backend_pair_names():
+    from slime_gb10.platform.doctor import grpo_backend_pair
+
+    assert grpo_backend_pair(True, True) == "sglang+megatron"
+    assert grpo_backend_pair(False, True) == "torch+megatron"
+    assert grpo_backend_pair(True, False) == "sglang+torch"
+    assert grpo_backend_pair(False, False) == "torch+torch"
+
+
+def test_grpo_backends_without_gpu_is_the_pytorch_path():
+    from slime_gb10.platform.doctor import DoctorContext, check_grpo_backends
+
+    ctx = DoctorContext()
+    if ctx.gpu:
+        pytest.skip("this machine has a GPU: the child probe decides")
+    result = check_grpo_backends(ctx)
+    assert result.status == "ok" and result.reason.startswith("torch+torch")
