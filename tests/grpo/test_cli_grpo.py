@@ -147,3 +147,15 @@ def test_over_long_prompts_are_left_out_not_fatal(tmp_path, tiny_dir):
         "train", *base, *small, "--output", str(tmp_path / "run2"), "--set", "rollout.max_prompt_tokens=5"
     )
     assert result.exit_code == 1 and "every training prompt is longer" in result.output
+
+
+def test_missing_reporter_package_fails_before_loading_models(tmp_path, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
+    )
+    # the model path does not exist either: the reporter check must come first
+    result = invoke(
+        "train", "--report-to", "wandb", "--model", str(tmp_path / "nope"), "--output", str(tmp_path / "r")
+    )
+    assert result.exit_code == 1 and "pip install 'slime-gb10[wandb]'" in result.output

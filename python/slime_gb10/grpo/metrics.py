@@ -70,6 +70,17 @@ class JsonlWriter:
             self._fh.close()
 
 
+def require_reporter(report_to: str) -> None:
+    """Fail fast (before any model is loaded) when the chosen reporter's package is missing."""
+    import importlib.util
+
+    package = {"tensorboard": "tensorboard", "wandb": "wandb"}.get(report_to)
+    if package and importlib.util.find_spec(package) is None:
+        raise ReporterUnavailableError(
+            f"--report-to {report_to} needs the '{package}' package: pip install 'slime-gb10[{package}]'"
+        )
+
+
 class RunLogger:
     """metrics.jsonl + samples.jsonl + an optional TensorBoard / W&B reporter."""
 

@@ -128,7 +128,13 @@ class GRPOTrainer:
     def setup(self, resume: bool = False) -> None:
         from slime_gb10.grpo import checkpoint as ckpt
         from slime_gb10.grpo import registry
-        from slime_gb10.grpo.metrics import METRICS_FILE, SAMPLES_FILE, RunLogger, truncate_after
+        from slime_gb10.grpo.metrics import (
+            METRICS_FILE,
+            SAMPLES_FILE,
+            RunLogger,
+            require_reporter,
+            truncate_after,
+        )
         from slime_gb10.grpo.models import load_tokenizer, resolve_model_path
         from slime_gb10.grpo.rewards import get_reward
         from slime_gb10.utils.atomic import atomic_write_text, ensure_writable_dir
@@ -142,6 +148,7 @@ class GRPOTrainer:
                     f"--resume: no checkpoint under '{self.run_dir / ckpt.CHECKPOINT_DIR}' (a run writes one every "
                     "output.checkpoint_every steps, at the end and on Ctrl-C)"
                 )
+        require_reporter(cfg.output.report_to)
         torch.manual_seed(cfg.train.seed)
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
