@@ -30,14 +30,11 @@ QUANTIZE_SHAPES = ((8192, 16384), (16384, 32768))  # 256 MiB and 1 GiB of BF16
 
 #: Tile configurations tried for the fused kernel (the bench keeps the fastest per shape).
 SMALL_M_CONFIGS = (
-    {"BN": 64, "BK": 256, "num_warps": 4, "num_stages": 3},
-    {"BN": 32, "BK": 256, "num_warps": 4, "num_stages": 4},
-    {"BN": 64, "BK": 512, "num_warps": 4, "num_stages": 3},
-    {"BN": 128, "BK": 256, "num_warps": 8, "num_stages": 3},
-)
-LARGE_M_CONFIGS = (
-    {"BM": 64, "BN": 128, "BK": 128, "num_warps": 4, "num_stages": 3},
-    {"BM": 128, "BN": 128, "BK": 64, "num_warps": 8, "num_stages": 3},
+    {"BN": 64, "BK": 256, "num_warps": 4, "num_stages": 3, "programs_per_sm": 2},
+    {"BN": 64, "BK": 128, "num_warps": 4, "num_stages": 2, "programs_per_sm": 8},
+    {"BN": 64, "BK": 256, "num_warps": 8, "num_stages": 2, "programs_per_sm": 4},
+    {"BN": 32, "BK": 128, "num_warps": 4, "num_stages": 3, "programs_per_sm": 8},
+    {"BN": 128, "BK": 128, "num_warps": 8, "num_stages": 3, "programs_per_sm": 4},
 )
 
 
@@ -201,17 +198,16 @@ def bench_w4a16(
                 [lambda i=i, xs=xs, qs=qs: kernels.w4a16_linear(xs[i % 2], qs[i]) for i in range(n_q)], reps
             )
             default = kernels.w4a16_config(m, n, k, sms)
-            candidates = [(default, True), (default, False)]
-            if tune:
-                pool = SMALL_M_CONFIGS if m <= 32 else LARGE_M_CONFIGS
+            candidates = [(default, True)] + ([(default, False)] if m <= 32 else [])
+            if tune and m <= 32:  # above, the fused kernel is not used (FUSED_MAX_M): time the default only
+                pool = SMALL_M_CONFIGS
                 for extra in pool:
                     cfg = {**default, **extra}
+                    per_sm = cfg.pop("programs_per_sm", 2)
                     k_tiles = -(-k // cfg["BK"])
                     tiles = -(-m // cfg["BM"]) * -(-n // cfg["BN"])
-                    cfg["split"] = max(1, min(k_tiles, (2 * sms) // max(tiles, 1), 32))
+                    cfg["split"] = max(1, min(k_tiles, (per_sm * sms) // max(tiles, 1), 32))
                     candidates.append((cfg, True))
-                    if m <= 32 and cfg["split"] > 2:
-                        candidates.append(({**cfg, "split": cfg["split"] // 2}, True))
             best = None
             errors = []
             for cfg, asm in candidates:

@@ -144,7 +144,10 @@ def as_global_scale(global_scale: float | torch.Tensor, device: torch.device | s
 
 def global_scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
     """``amax / (6 * 448)`` in FP32; 1.0 where that is 0 (all-zero tensor), to avoid 0/0 later."""
-    gs = amax.to(torch.float32) / GLOBAL_SCALE_DIVISOR
+    amax = amax.to(torch.float32)
+    # a tensor divisor: a correctly rounded division on every device (CUDA turns division by a
+    # Python scalar into multiplication by its reciprocal, which can differ in the last bit)
+    gs = amax / torch.tensor(GLOBAL_SCALE_DIVISOR, dtype=torch.float32, device=amax.device)
     return torch.where(gs > 0, gs, torch.ones_like(gs)).reshape(())
 
 

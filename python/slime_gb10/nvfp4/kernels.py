@@ -29,6 +29,7 @@ from slime_gb10.nvfp4.format import (
     NVFP4Tensor,
     as_global_scale,
     check_quantizable,
+    global_scale_from_amax,
 )
 
 
@@ -104,7 +105,7 @@ def quantize_triton(
     blocks_per_program: int = QUANTIZE_BLOCKS,
     num_warps: int = 4,
     check_finite: bool = True,
-    divide: bool = False,
+    divide: bool = True,
 ) -> NVFP4Tensor:
     """Triton NVFP4 quantization, bit-identical to :func:`~slime_gb10.nvfp4.format.quantize_reference`.
 
@@ -112,6 +113,8 @@ def quantize_triton(
     quantize pass always records max |x| too, so bad values raise ``ValueError`` either way
     (one host sync per call). ``check_finite=False`` (with a given ``global_scale``) skips that check
     and its sync, e.g. inside a CUDA graph; NaN/Inf input then gives unspecified codes.
+    ``divide=False`` selects the division-free variant (per-block FP32 decision boundaries; same
+    bits, but slower on the H100: its FP64/conversion work per block costs more than it saves).
     """
     check_quantizable(x)
     _check_device(x)
@@ -125,7 +128,7 @@ def quantize_triton(
     if global_scale is None:
         amax = amax_triton(flat)
         _raise_if_not_finite(int(amax.view(torch.int32)), x)
-        gs = torch.where(amax > 0, amax / 2688.0, torch.ones_like(amax)).to(torch.float32)
+        gs = global_scale_from_amax(amax)
     elif isinstance(global_scale, torch.Tensor) and global_scale.is_cuda and not check_finite:
         gs = global_scale.detach().to(torch.float32)  # no validation (it would sync): caller's duty
     else:
@@ -175,7 +178,7 @@ def dequantize_triton(q: NVFP4Tensor, dtype: torch.dtype | None = None) -> torch
 
 #: Largest M for which :func:`w4a16_linear` uses the fused kernel; above it, dequantize + cuBLAS.
 #: Measured by ``slime-gb10 bench nvfp4`` (see BENCHMARKS.md); overridable per call.
-FUSED_MAX_M = 64
+FUSED_MAX_M = 16
 
 
 @functools.cache
@@ -202,13 +205,18 @@ def _sm_count(device: torch.device) -> int:
 
 
 def w4a16_config(M: int, N: int, K: int, sm_count: int) -> dict:
-    """Tile sizes and split-K for the fused kernel: enough programs to fill every SM twice."""
+    """Tile sizes and split-K for the fused kernel.
+
+    Small M is a weight stream: many small programs (split-K up to ~8 per SM, BK=128 so a program
+    needs little shared memory and several fit on an SM) keep enough loads and decode work in
+    flight. Measured on the H100 (BENCHMARKS.md); GB10 has 48 SMs, which the split accounts for.
+    """
     BM = 16 if M <= 16 else 32 if M <= 32 else 64
     BN = 64 if M <= 32 else 128
-    BK = 256 if K % 256 == 0 else 128 if K % 128 == 0 else 64 if K % 64 == 0 else 32
+    BK = 128 if K % 128 == 0 else 64 if K % 64 == 0 else 32
     k_tiles = -(-K // BK)
     tiles = -(-M // BM) * -(-N // BN)
-    split = max(1, min(k_tiles, (2 * sm_count) // max(tiles, 1), 32))
+    split = max(1, min(k_tiles, (8 * sm_count) // max(tiles, 1), 32))
     return {"BM": BM, "BN": BN, "BK": BK, "split": split, "num_warps": 4, "num_stages": 3}
 
 

@@ -85,8 +85,8 @@ def te_available() -> bool:
 
 def default_backend(device: torch.device | str | None = None) -> str:
     """``te`` on Blackwell with TE, else ``w4a16`` on CUDA with Triton, else ``reference``."""
-    device = torch.device(device) if device is not None else None
-    on_cuda = torch.cuda.is_available() and (device is None or device.type == "cuda")
+    device = torch.device(device) if device is not None else torch.get_default_device()
+    on_cuda = torch.cuda.is_available() and device.type == "cuda"
     if on_cuda and is_blackwell(device) and te_available():
         return "te"
     if on_cuda:
