@@ -34,6 +34,14 @@ def test_print_config_shows_overrides():
     assert "steps: 3" in result.output and "beta: 0.1" in result.output and "rollout: torch" in result.output
 
 
+def test_rollout_and_trainer_flags_as_the_backends_issue_spells_them():
+    result = invoke("train", "--print-config", "--rollout", "sglang", "--trainer", "megatron")
+    assert result.exit_code == 0, result.output
+    assert "rollout: sglang" in result.output and "trainer: megatron" in result.output
+    bad = invoke("train", "--print-config", "--trainer", "deepspeed")
+    assert bad.exit_code == 2 and "'deepspeed' is not one of" in bad.output
+
+
 def test_unknown_key_is_a_clean_error():
     result = invoke("train", "--set", "rollout.groupsize=4")
     assert result.exit_code != 0

@@ -524,8 +524,9 @@ def test_grpo_backend_pair_names():
     from slime_gb10.platform.doctor import grpo_backend_pair
 
     assert grpo_backend_pair(True, True) == "sglang+megatron"
-    assert grpo_backend_pair(False, True) == "torch+megatron"
-    assert grpo_backend_pair(True, False) == "sglang+torch"
+    # auto never mixes: the production pair only when both run (explicit --rollout/--trainer may mix)
+    assert grpo_backend_pair(False, True) == "torch+torch"
+    assert grpo_backend_pair(True, False) == "torch+torch"
     assert grpo_backend_pair(False, False) == "torch+torch"
 
 
@@ -536,4 +537,4 @@ def test_grpo_backends_without_gpu_is_the_pytorch_path():
     if ctx.gpu:
         pytest.skip("this machine has a GPU: the child probe decides")
     result = check_grpo_backends(ctx)
-    assert result.status == "ok" and result.reason.startswith("torch+torch")
+    assert result.status == "ok" and result.reason.startswith("auto = torch+torch")

@@ -143,8 +143,20 @@ def _common_options(func):
 @click.option("--group-size", type=int)
 @click.option("--max-new-tokens", type=int)
 @click.option("--temperature", type=float)
-@click.option("--rollout-engine", type=click.Choice(["auto", "torch", "sglang"]))
-@click.option("--trainer-backend", type=click.Choice(["auto", "torch", "megatron"]))
+@click.option(
+    "--rollout",
+    "--rollout-engine",
+    "rollout_engine",
+    type=click.Choice(["auto", "torch", "sglang"]),
+    help="Rollout engine (auto: SGLang on a GPU where it and Megatron-core both run, else torch).",
+)
+@click.option(
+    "--trainer",
+    "--trainer-backend",
+    "trainer_backend",
+    type=click.Choice(["auto", "torch", "megatron"]),
+    help="Policy backend (auto: Megatron-core on a GPU where it and SGLang both run, else torch).",
+)
 @click.option("--eval-every", type=int)
 @click.option("--checkpoint-every", type=int)
 @click.option("--reward", help="Reward spec, e.g. 'gsm8k:1.0,format:0.1'.")

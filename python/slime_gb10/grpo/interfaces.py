@@ -127,9 +127,19 @@ class PolicyBackend(abc.ABC):
 
         ``loss_fn(logprobs, entropy, batch, extras) -> (loss, metrics)`` is called per
         microbatch with the differentiable logprobs/entropy; ``extras`` carries advantages,
-        old/rollout/reference logprobs etc. The backend scales the losses so the step equals
-        one step on the concatenated minibatch, clips gradients and steps the optimizer.
+        old/rollout/reference logprobs etc. ``loss_fn`` returns microbatch losses that sum to
+        the minibatch loss (the trainer passes ``global_count`` to ``algo.grpo_loss``); the
+        backend sums them, times ``extras.get("loss_scale", 1.0)``, clips gradients and steps
+        the optimizer.
         """
+
+    def reference_logprobs(self, batch: TokenBatch) -> torch.Tensor:
+        """Logprobs ``[B, T]`` under the frozen reference policy (for the KL term; ``algo.beta > 0``).
+
+        Backends that keep no reference model need not implement it; the trainer then refuses
+        ``beta > 0`` with a clear error.
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no reference model")
 
     @abc.abstractmethod
     def export_weights(self, bucket_bytes: int) -> WeightStream:

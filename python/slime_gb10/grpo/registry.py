@@ -45,11 +45,25 @@ def _import(module_name: str):
 
 
 def _importable(module_name: str) -> tuple[bool, str]:
+    """Can this engine/backend run here? Its module must import AND its ``availability()`` agree.
+
+    Importing the adapter is not enough: e.g. sglang installed without its dependencies lets
+    our adapter import while SGLang's runtime cannot.
+    """
     try:
-        _import(module_name)
+        module = _import(module_name)
+        check = getattr(module, "availability", None)
+        return check() if check is not None else (True, "")
     except Exception as exc:  # ImportError, or a broken optional dependency raising anything
         return False, f"{exc.__class__.__name__}: {exc}"
-    return True, ""
+
+
+def auto_pair(sglang_ok: bool, megatron_ok: bool) -> tuple[str, str]:
+    """What ``auto`` means: the GB10 production pair only when both run, else the PyTorch pair.
+
+    (Mixing, e.g. the PyTorch engine with Megatron-core, is allowed when asked for explicitly.)
+    """
+    return ("sglang", "megatron") if sglang_ok and megatron_ok else ("torch", "torch")
 
 
 def resolve(rollout: str, trainer: str, device: torch.device) -> Choice:
@@ -63,17 +77,16 @@ def resolve(rollout: str, trainer: str, device: torch.device) -> Choice:
         )
     sglang_ok, sglang_why = _importable(ENGINE_MODULES["sglang"])
     megatron_ok, megatron_why = _importable(BACKEND_MODULES["megatron"])
+    auto_rollout, auto_trainer = auto_pair(sglang_ok, megatron_ok)
     if sglang_ok and megatron_ok:
-        return Choice(
-            "sglang" if rollout == "auto" else rollout,
-            "megatron" if trainer == "auto" else trainer,
-            "CUDA GPU with SGLang and Megatron-core importable",
-        )
-    why = "; ".join(w for w in (sglang_why, megatron_why) if w)
+        reason = "CUDA GPU with SGLang and Megatron-core available"
+    else:
+        why = "; ".join(w for w in (sglang_why, megatron_why) if w)
+        reason = f"SGLang + Megatron-core not both available ({why}): the PyTorch pair"
     return Choice(
-        "torch" if rollout == "auto" else rollout,
-        "torch" if trainer == "auto" else trainer,
-        f"SGLang + Megatron-core not both importable ({why}): the PyTorch pair",
+        auto_rollout if rollout == "auto" else rollout,
+        auto_trainer if trainer == "auto" else trainer,
+        reason,
     )
 
 

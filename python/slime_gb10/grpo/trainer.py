@@ -501,7 +501,7 @@ class GRPOTrainer:
         cfg = self.config
         on_policy = cfg.train.epochs == 1 and cfg.train.minibatches == 1
         need_ref = cfg.algo.beta > 0 or cfg.algo.ref_kl_metric
-        if need_ref and not hasattr(self.backend, "reference_logprobs"):
+        if need_ref and not _has_reference_model(self.backend):
             if cfg.algo.beta > 0:
                 raise RuntimeError("algo.beta > 0 needs a backend with reference_logprobs()")
             need_ref = False
@@ -615,3 +615,11 @@ def train(config: GRPOConfig, resume: bool = False) -> list[dict]:
         return trainer.train()
     finally:
         trainer.close()
+
+
+def _has_reference_model(backend) -> bool:
+    """True when the backend overrides ``PolicyBackend.reference_logprobs`` (keeps a frozen reference)."""
+    from slime_gb10.grpo.interfaces import PolicyBackend
+
+    method = getattr(type(backend), "reference_logprobs", None)
+    return method is not None and method is not PolicyBackend.reference_logprobs

@@ -993,15 +993,17 @@ print(json.dumps(out))
 
 
 def grpo_backend_pair(sglang_ok: bool, megatron_ok: bool) -> str:
-    """The rollout+trainer pair ``slime-gb10 train`` resolves ``auto`` to on this machine."""
-    return f"{'sglang' if sglang_ok else 'torch'}+{'megatron' if megatron_ok else 'torch'}"
+    """The rollout+trainer pair ``slime-gb10 train`` resolves ``auto`` to (the trainer's own rule)."""
+    from slime_gb10.grpo.registry import auto_pair
+
+    return "+".join(auto_pair(sglang_ok, megatron_ok))
 
 
 @register_check("grpo_backends")
 def check_grpo_backends(ctx: DoctorContext) -> CheckResult:
     """Which rollout engine + policy backend pair this machine can run (SGLang / Megatron-core, else PyTorch)."""
     if not ctx.gpu:
-        return _ok("grpo_backends", f"torch+torch (the portable PyTorch path; {ctx.no_gpu_reason()})")
+        return _ok("grpo_backends", f"auto = torch+torch (the portable PyTorch path; {ctx.no_gpu_reason()})")
     child = run_child_python(_BACKENDS_PROBE, ctx.timeout_s)
     if child.data is None:
         return _warn(
@@ -1011,7 +1013,7 @@ def check_grpo_backends(ctx: DoctorContext) -> CheckResult:
         )
     (sglang_ok, sglang_why), (megatron_ok, megatron_why) = child.data["sglang"], child.data["megatron"]
     pair = grpo_backend_pair(sglang_ok, megatron_ok)
-    reason = f"{pair} (sglang: {sglang_why}; megatron: {megatron_why})"
+    reason = f"auto = {pair} (sglang: {sglang_why}; megatron: {megatron_why})"
     details = {"pair": pair, "sglang": child.data["sglang"], "megatron": child.data["megatron"]}
     if ctx.gb10 and pair != "sglang+megatron":
         return _warn(
