@@ -303,7 +303,7 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> list[dict]:
-        from slime_gb10.grpo.backends.torch_backend import NonFiniteError
+        from slime_gb10.grpo.backends.common import NonFiniteError
 
         cfg = self.config
         history: list[dict] = []

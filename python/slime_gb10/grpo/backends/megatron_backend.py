@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from slime_gb10.grpo.backends.common import NonFiniteError, accumulate_gradients, batch_to_device
 from slime_gb10.grpo.backends.megatron_mapping import (
     DecoderArch,
     LayerSpecFlavor,
@@ -42,7 +43,6 @@ from slime_gb10.grpo.backends.megatron_mapping import (
     hf_to_megatron,
     megatron_to_hf,
 )
-from slime_gb10.grpo.backends.torch_backend import NonFiniteError
 from slime_gb10.grpo.interfaces import PolicyBackend, TokenBatch, TrainStepResult
 
 if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
@@ -548,24 +548,13 @@ class MegatronPolicyBackend(PolicyBackend):
         self.ddp_model.train()
         self.ddp_model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        total_loss, weight_total, sums = 0.0, 0.0, {}
-        for batch, extras in microbatches:
-            batch = self._to_device(batch)
-            extras = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in extras.items()}
-            logprobs, entropy = self._logprobs(self.ddp_model, batch, True)
-            loss, metrics = loss_fn(logprobs, entropy, batch, extras)
-            scale = float(extras.get("loss_scale", 1.0))
-            if not torch.isfinite(loss.detach()):
-                self.ddp_model.zero_grad_buffer()
-                raise NonFiniteError(f"the loss is {loss.item()} (not finite)")
-            (loss * scale).backward()
-            total_loss += float(loss.detach()) * scale
-            weight = float(batch.completion_mask.sum())
-            weight_total += weight
-            for key, value in metrics.items():
-                v = float(value)
-                if math.isfinite(v):
-                    sums[key] = sums.get(key, 0.0) + v * weight
+        total_loss, metrics = accumulate_gradients(
+            microbatches,
+            device=self.device,
+            forward=lambda batch: self._logprobs(self.ddp_model, batch, True),
+            loss_fn=loss_fn,
+            discard_gradients=self.ddp_model.zero_grad_buffer,
+        )
         self.ddp_model.finish_grad_sync()
         grads_finite = torch.stack(
             [p.main_grad.isfinite().all() for p in self.model.parameters() if p.requires_grad]
@@ -580,7 +569,6 @@ class MegatronPolicyBackend(PolicyBackend):
         if not update_ok:
             raise NonFiniteError("Megatron's optimizer skipped the step (non-finite gradients)")
         self.steps_done += 1
-        metrics = {k: v / max(weight_total, 1.0) for k, v in sums.items()}
         metrics["lr"] = lr
         return TrainStepResult(loss=total_loss, grad_norm=float(grad_norm or 0.0), metrics=metrics)
 
@@ -629,13 +617,7 @@ class MegatronPolicyBackend(PolicyBackend):
         self.tokenizer.save_pretrained(directory)
 
     def _to_device(self, batch: TokenBatch) -> TokenBatch:
-        if batch.input_ids.device == self.device:
-            return batch
-        return TokenBatch(
-            input_ids=batch.input_ids.to(self.device, non_blocking=True),
-            attention_mask=batch.attention_mask.to(self.device, non_blocking=True),
-            completion_mask=batch.completion_mask.to(self.device, non_blocking=True),
-        )
+        return batch_to_device(batch, self.device)
 
 
 def build_backend(config, tokenizer, device) -> MegatronPolicyBackend:

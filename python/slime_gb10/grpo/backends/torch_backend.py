@@ -18,13 +18,10 @@ from collections.abc import Sequence
 
 import torch
 
+from slime_gb10.grpo.backends.common import NonFiniteError, accumulate_gradients, batch_to_device
 from slime_gb10.grpo.interfaces import PolicyBackend, TokenBatch, TrainStepResult
 
 log = logging.getLogger(__name__)
-
-
-class NonFiniteError(FloatingPointError):
-    """The loss or the gradient norm is NaN/Inf; the optimizer step was NOT taken."""
 
 
 def _decoder(model):
@@ -159,39 +156,25 @@ class TorchPolicyBackend(PolicyBackend):
     def train_step(self, microbatches: Sequence[tuple[TokenBatch, dict[str, torch.Tensor]]], loss_fn):
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        total_loss = 0.0
-        sums: dict[str, float] = {}
-        weight_total = 0.0
-        for batch, extras in microbatches:
-            batch = self._to_device(batch)
-            extras = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in extras.items()}
-            logprobs, entropy = token_logprobs(
+        total_loss, metrics = accumulate_gradients(
+            microbatches,
+            device=self.device,
+            forward=lambda batch: token_logprobs(
                 self.model,
                 batch,
                 temperature=self.temperature,
                 with_entropy=True,
                 autocast_dtype=self.autocast_dtype,
-            )
-            loss, metrics = loss_fn(logprobs, entropy, batch, extras)
-            scale = float(extras.get("loss_scale", 1.0))
-            if not torch.isfinite(loss.detach()):
-                self.optimizer.zero_grad(set_to_none=True)
-                raise NonFiniteError(f"the loss is {loss.item()} (not finite)")
-            (loss * scale).backward()
-            total_loss += float(loss.detach()) * scale
-            weight = float(batch.completion_mask.sum())
-            weight_total += weight
-            for key, value in metrics.items():
-                v = float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
-                if math.isfinite(v):
-                    sums[key] = sums.get(key, 0.0) + v * weight
+            ),
+            loss_fn=loss_fn,
+            discard_gradients=lambda: self.optimizer.zero_grad(set_to_none=True),
+        )
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm))
         if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteError(f"the gradient norm is {grad_norm} (not finite)")
         self.optimizer.step()
         self.scheduler.step()
-        metrics = {k: v / max(weight_total, 1.0) for k, v in sums.items()}
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         return TrainStepResult(loss=total_loss, grad_norm=grad_norm, metrics=metrics)
 
@@ -224,13 +207,7 @@ class TorchPolicyBackend(PolicyBackend):
         self.tokenizer.save_pretrained(directory)
 
     def _to_device(self, batch: TokenBatch) -> TokenBatch:
-        if batch.input_ids.device == self.device:
-            return batch
-        return TokenBatch(
-            input_ids=batch.input_ids.to(self.device, non_blocking=True),
-            attention_mask=batch.attention_mask.to(self.device, non_blocking=True),
-            completion_mask=batch.completion_mask.to(self.device, non_blocking=True),
-        )
+        return batch_to_device(batch, self.device)
 
 
 def build_backend(config, tokenizer, device) -> TorchPolicyBackend:
