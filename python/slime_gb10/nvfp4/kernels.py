@@ -14,7 +14,13 @@ W4A16 GEMM ``y = x @ dequantize(W)^T``: weights stream as packed bytes (0.5625 B
 scales), are decoded in registers (an 8-entry ``prmt`` lookup table per nibble on sm_90+, or
 integer ops), scaled per 16-element group and fed to BF16 ``tl.dot`` (Hopper has no FP4 MMA).
 Split-K fills the GPU when M is small; for large M, where the fused kernel loses to cuBLAS,
-:func:`w4a16_linear` dequantizes and calls ``torch.matmul`` instead.
+:func:`w4a16_linear` dequantizes and calls ``torch.matmul`` instead. The inline-PTX decoder rounds
+the group scale to BF16 before multiplying (two roundings), so its weights can differ from
+``dequantize(w, bfloat16)`` by one BF16 ulp; the pure-Triton decoder matches it bit for bit.
+
+Measured on an H100 (BENCHMARKS.md, NOTES.md): quantize at ~45% of copy bandwidth (issue-bound on
+the per-element division), the fused GEMM at 0.9-1.1x of BF16 cuBLAS for M <= 16 (issue-bound on
+decode + operand shuffles, 19-27% of its byte floor): correct and portable, not yet fast.
 """
 
 from __future__ import annotations
@@ -248,7 +254,9 @@ def w4a16_matmul(
 
     ``config`` overrides :func:`w4a16_config` (keys BM, BN, BK, split, num_warps, num_stages);
     ``use_asm`` forces the decoder (default: the inline-PTX one on sm_90+); ``out`` is an optional
-    contiguous BF16 ``[M, N]`` output buffer. One kernel launch (split-K reduces in-kernel).
+    contiguous BF16 ``[M, N]`` output buffer. One kernel launch (split-K reduces in-kernel, using
+    per-device-and-stream tile counters that the kernel resets: do not run two calls on one stream
+    concurrently from different threads).
     """
     _check_device(x)
     N, K = w.shape
