@@ -207,6 +207,11 @@ def test_bad_global_scale_raises(gs):
         quantize(torch.ones(16), global_scale=gs)
 
 
+def test_float64_beyond_fp32_range_raises():
+    with pytest.raises(ValueError, match="FP32 range"):
+        quantize(torch.tensor([1e300] + [0.0] * 15, dtype=torch.float64))
+
+
 def test_non_tensor_input_raises():
     with pytest.raises(ValueError, match=r"torch\.Tensor"):
         quantize([1.0] * 16)

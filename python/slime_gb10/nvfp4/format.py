@@ -205,6 +205,11 @@ def quantize_reference(x: torch.Tensor, global_scale: float | torch.Tensor | Non
     check_quantizable(x)
     check_finite(x)
     xf = x.detach().to(torch.float32)
+    if x.dtype == torch.float64 and xf.numel() and not bool(torch.isfinite(xf).all()):
+        raise ValueError(
+            "NVFP4 quantize got float64 values beyond the FP32 range (|x| > 3.4e38); NVFP4 computes in "
+            "FP32: scale the tensor down first"
+        )
     if global_scale is None:
         amax = xf.abs().amax() if xf.numel() else torch.zeros((), device=x.device)
         gs = global_scale_from_amax(amax)

@@ -90,7 +90,10 @@ def _raise_if_not_finite(bits: int, x: torch.Tensor) -> None:
         from slime_gb10.nvfp4.format import check_finite
 
         check_finite(x)  # raises with the counts of NaN and Inf
-        raise ValueError("NVFP4 quantize got non-finite values (NaN or Inf)")
+        raise ValueError(
+            "NVFP4 quantize got float64 values beyond the FP32 range (|x| > 3.4e38); NVFP4 computes in "
+            "FP32: scale the tensor down first"
+        )
 
 
 def amax_triton(x: torch.Tensor) -> torch.Tensor:
