@@ -12,6 +12,7 @@ which a broken gradient, sign, advantage or weight sync would not do.
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -86,12 +87,21 @@ def run(config, resume=False):
 
 
 def without_timing(rows):
-    return [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in rows]
+    """Rows minus wall-clock timings, with NaN (an unmeasured metric, e.g. KL without a reference)
+    replaced by None so that equal runs compare equal (NaN != NaN)."""
+
+    def canonical(v):
+        return None if isinstance(v, float) and math.isnan(v) else v
+
+    return [{k: canonical(v) for k, v in row.items() if k not in TIMING_KEYS} for row in rows]
 
 
 def test_tiny_model_learns_and_outputs_are_written(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
-    history, _ = run(make_config(tiny_model_dir, out, **{"output.save_final_model": True}))
+    # ref_kl_metric: keep the frozen reference (beta is 0) so the KL column is measured, not null
+    history, _ = run(
+        make_config(tiny_model_dir, out, **{"output.save_final_model": True, "algo.ref_kl_metric": True})
+    )
     rewards_by_step = [row["reward_mean"] for row in history]
     first, last = sum(rewards_by_step[:3]) / 3, sum(rewards_by_step[-3:]) / 3
     print(
@@ -187,3 +197,18 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tiny_model_dir, tmp_p
         assert torch.equal(tensor, weights_after_step_2[name]), name  # the bad step changed nothing
     trainer.close()
     assert [step for step, _ in list_checkpoints(out)] == [1, 2]
+
+
+def test_beta_zero_loads_no_reference_model(tiny_model_dir, tmp_path):
+    """The issue's rule: beta == 0 (the default) keeps no frozen reference; KL is then logged as null."""
+    from slime_gb10.grpo.backends.torch_backend import build_backend
+
+    config = make_config(tiny_model_dir, tmp_path / "run")
+    assert config.algo.beta == 0 and not config.algo.ref_kl_metric
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    backend = build_backend(config, tokenizer, "cpu")
+    assert backend.reference_model is None
+    with_ref = build_backend(
+        make_config(tiny_model_dir, tmp_path / "r2", **{"algo.beta": 0.01}), tokenizer, "cpu"
+    )
+    assert with_ref.reference_model is not None

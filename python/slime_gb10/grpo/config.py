@@ -113,8 +113,9 @@ class AlgoConfig(_Section):
     # (only KL/entropy terms): leave them out of the update (DAPO's dynamic-sampling filter).
     skip_zero_variance_groups: bool = True
     # Keep a frozen copy of the initial policy to log KL(pi || ref) every step even when beta == 0
-    # (one extra no-grad forward per step); beta > 0 always needs it.
-    ref_kl_metric: bool = True
+    # (a second model in memory and one extra no-grad forward per step). Off by default: beta == 0
+    # loads no reference model, and metrics.jsonl then has kl: null. beta > 0 always loads it.
+    ref_kl_metric: bool = False
 
 
 class EvalConfig(_Section):
