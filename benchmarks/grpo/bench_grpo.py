@@ -60,6 +60,9 @@ def run_ours(args, model_dir: str, out_dir: Path) -> list[dict]:
             "rollout.group_size": args.group,
             "rollout.max_new_tokens": args.max_new_tokens,
             "algo.ref_kl_metric": args.ref_kl,
+            # TRL trains zero-variance groups (zero advantage) anyway; --train-zero-variance-groups makes
+            # ours do the same work for a like-for-like per-step comparison.
+            "algo.skip_zero_variance_groups": not args.train_zero_variance_groups,
             "eval.every": args.eval_every,
             "eval.num_prompts": 64,
             "output.checkpoint_every": 0,
@@ -100,6 +103,11 @@ def main() -> None:
     parser.add_argument("--micro-batch-size", type=int, default=64)
     parser.add_argument("--eval-every", type=int, default=0)
     parser.add_argument("--ref-kl", action="store_true", help="also keep a reference model for the KL metric")
+    parser.add_argument(
+        "--train-zero-variance-groups",
+        action="store_true",
+        help="train groups whose samples all got the same reward (as TRL does) instead of skipping them",
+    )
     parser.add_argument("--trl-timeout", type=int, default=240)
     parser.add_argument("--skip-trl", action="store_true")
     args = parser.parse_args()
