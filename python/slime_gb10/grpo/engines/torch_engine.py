@@ -275,12 +275,38 @@ class TorchRolloutEngine(RolloutEngine):
             use_cache=True,
             logits_to_keep=1,
         )
-        finished = torch.zeros(batch, dtype=torch.bool, device=device)
+        past, position = out.past_key_values, next_position
+
+        def advance(token: torch.Tensor, step: int) -> torch.Tensor:
+            nonlocal attention_mask, past, position
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((batch, 1))], dim=1)
+            step_out = self.model(
+                input_ids=token[:, None],
+                attention_mask=attention_mask,
+                position_ids=position,
+                past_key_values=past,
+                use_cache=True,
+            )
+            past, position = step_out.past_key_values, position + 1
+            return step_out.logits[:, -1, :]
+
+        tokens, logprobs, stop_hit = self._decode_loop(out.logits[:, -1, :], advance, params, generator)
+        return self._finish(prompts, tokens, logprobs, stop_hit, params)
+
+    def _decode_loop(self, logits, advance, params: SamplingParams, generator):
+        """The per-token loop both decode paths share.
+
+        Sample from ``logits`` [B, V], pad rows that already finished, finish rows on EOS or a stop
+        string, and stop at the token budget or (one host sync every 4 steps) once every row is done.
+        ``advance(token, step)`` runs the model one step and returns the next logits.
+        """
+        batch = logits.shape[0]
+        finished = torch.zeros(batch, dtype=torch.bool, device=logits.device)
         tokens: list[torch.Tensor] = []
         logprobs: list[torch.Tensor] = []
         stop_hit = [False] * batch
         for step in range(params.max_new_tokens):
-            token, logprob = sample_next_token(out.logits[:, -1, :], params, generator)
+            token, logprob = sample_next_token(logits, params, generator)
             token = torch.where(finished, torch.full_like(token, self.pad_token_id), token)
             tokens.append(token)
             logprobs.append(logprob)
@@ -289,20 +315,10 @@ class TorchRolloutEngine(RolloutEngine):
                 finished = finished | self._stop_strings_hit(tokens, finished, params.stop, stop_hit)
             if step == params.max_new_tokens - 1:
                 break
-            # one host sync every few steps to stop early once every row is done
             if step % 4 == 3 and bool(finished.all()):
                 break
-            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((batch, 1))], dim=1)
-            out = self.model(
-                input_ids=token[:, None],
-                attention_mask=attention_mask,
-                position_ids=next_position,
-                past_key_values=out.past_key_values,
-                use_cache=True,
-            )
-            next_position = next_position + 1
-
-        return self._finish(prompts, tokens, logprobs, stop_hit, params)
+            logits = advance(token, step)
+        return tokens, logprobs, stop_hit
 
     def _finish(self, prompts, tokens, logprobs, stop_hit, params) -> list[Generation]:
         batch = len(prompts)
@@ -367,29 +383,16 @@ class TorchRolloutEngine(RolloutEngine):
         step_inputs.mask[:, 0, 0, :width] = valid
         step_inputs.position_ids.copy_(valid.long().sum(-1, keepdim=True))
 
-        finished = torch.zeros(batch, dtype=torch.bool, device=device)
-        tokens: list[torch.Tensor] = []
-        logprobs: list[torch.Tensor] = []
-        stop_hit = [False] * batch
-        for step in range(params.max_new_tokens):
-            token, logprob = sample_next_token(logits, params, generator)
-            token = torch.where(finished, torch.full_like(token, self.pad_token_id), token)
-            tokens.append(token)
-            logprobs.append(logprob)
-            finished = finished | torch.isin(token, self.eos_token_ids)
-            if params.stop:
-                finished = finished | self._stop_strings_hit(tokens, finished, params.stop, stop_hit)
-            if step == params.max_new_tokens - 1:
-                break
-            if step % 4 == 3 and bool(finished.all()):
-                break
+        def advance(token: torch.Tensor, step: int) -> torch.Tensor:
             slot = width + step
             step_inputs.input_ids.copy_(token[:, None])
             step_inputs.cache_position.fill_(slot)
             step_inputs.mask[:, 0, 0, slot] = True
             if step > 0:
                 step_inputs.position_ids.add_(1)
-            logits = self._decode_step(key, step_inputs)
+            return self._decode_step(key, step_inputs)
+
+        tokens, logprobs, stop_hit = self._decode_loop(logits, advance, params, generator)
         return self._finish(prompts, tokens, logprobs, stop_hit, params)
 
     def _decode_step(self, key, step_inputs: _GraphedStep) -> torch.Tensor:
