@@ -149,7 +149,7 @@ def test_failed_export_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     model = nn.Sequential(nn.Linear(32, 32))
     quantize_model(model, exclude=())
     target = tmp_path / "ckpt"
-    export_nvfp4(model, target)
+    export_nvfp4(model, target, allow_uncalibrated=True)
     before = (target / "model.safetensors").read_bytes()
 
     import slime_gb10.nvfp4.checkpoint as checkpoint
@@ -159,7 +159,7 @@ def test_failed_export_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 
     monkeypatch.setattr(checkpoint, "save_file", broken)
     with pytest.raises(OSError, match="disk full"):
-        export_nvfp4(model, target)
+        export_nvfp4(model, target, allow_uncalibrated=True)
     assert (target / "model.safetensors").read_bytes() == before
 
 
@@ -168,8 +168,71 @@ def test_unfused_export_of_a_plain_module(tmp_path):
     model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 16, bias=False)).to(torch.bfloat16)
     quantize_model(model, exclude=())
     assert all(isinstance(m, NVFP4Linear) for m in (model[0], model[2]))
-    export_nvfp4(model, tmp_path / "mlp")
+    export_nvfp4(model, tmp_path / "mlp", allow_uncalibrated=True)
     fresh = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 16, bias=False)).to(torch.bfloat16)
     load_nvfp4(fresh, tmp_path / "mlp")
     x = torch.randn(4, 32, dtype=torch.bfloat16)
     assert torch.equal(fresh(x), model(x))
+
+
+# --- found in review: the exported checkpoint must be what was trained / calibrated -----------------
+
+
+def test_export_refuses_to_invent_an_activation_scale(tmp_path):
+    """SGLang quantizes activations with input_scale; an uncalibrated 1.0 would clip/flush them."""
+    model = tiny_llama()
+    quantize_model(model)
+    with pytest.raises(CheckpointError, match="calibration"):
+        export_nvfp4(model, tmp_path / "uncalibrated")
+    assert not (tmp_path / "uncalibrated").exists()
+    export_nvfp4(model, tmp_path / "knowingly", allow_uncalibrated=True)
+    tensors = _tensors(tmp_path / "knowingly")
+    assert float(tensors["model.layers.0.mlp.down_proj.input_scale"]) == 1.0
+
+
+def test_export_config_says_bfloat16_even_for_an_fp32_model(tmp_path):
+    model = tiny_llama().to(torch.float32)
+    model.config.torch_dtype = torch.float32
+    quantize_model(model)
+    with torch.no_grad(), calibration(model):
+        model(torch.randint(0, 256, (1, 8)))
+    export_nvfp4(model, tmp_path / "fp32")
+    config = json.loads((tmp_path / "fp32" / "config.json").read_text())
+    assert config["torch_dtype"] == "bfloat16" and config["dtype"] == "bfloat16"
+    assert _tensors(tmp_path / "fp32")["model.norm.weight"].dtype == torch.bfloat16
+
+
+def test_loading_into_a_master_weight_backend_keeps_the_activation_scale(exported, tmp_path):
+    _, out, _, _ = exported
+    written = float(_tensors(out)["model.layers.0.mlp.down_proj.input_scale"])
+    fresh = tiny_llama(seed=1)
+    load_nvfp4(fresh, out, backend="qat")
+    export_nvfp4(fresh, tmp_path / "again")
+    assert float(_tensors(tmp_path / "again")["model.layers.0.mlp.down_proj.input_scale"]) == written
+
+
+def test_qat_trains_with_the_scale_the_fused_checkpoint_stores(tmp_path):
+    """q/k/v share one weight_scale_2 in the checkpoint: QAT must fake-quantize k with it too."""
+    model = tiny_llama()
+    attn = model.model.layers[0].self_attn
+    with torch.no_grad():
+        attn.q_proj.weight.mul_(4.0)  # q's amax 4x k's: a per-layer scale would differ from the shared one
+    quantize_model(model, backend="qat")
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    with torch.no_grad(), calibration(model):
+        model(torch.randint(0, 256, (1, 8)))
+    export_nvfp4(model, tmp_path / "qat")
+    fresh = tiny_llama(seed=2)
+    load_nvfp4(fresh, tmp_path / "qat", backend="reference")
+    k_trained, k_served = attn.k_proj, fresh.model.layers[0].self_attn.k_proj
+    with torch.no_grad():
+        assert torch.equal(k_trained(x), k_served(x))
+
+
+def test_excluding_one_fused_projection_excludes_its_group():
+    model = tiny_llama()
+    with pytest.warns(UserWarning, match="fused siblings"):
+        quantize_model(model, exclude=("lm_head", "*embed*", "*.layers.0.self_attn.k_proj"))
+    attn = model.model.layers[0].self_attn
+    assert all(type(getattr(attn, n)) is nn.Linear for n in ("q_proj", "k_proj", "v_proj"))
+    assert isinstance(model.model.layers[1].self_attn.k_proj, NVFP4Linear)

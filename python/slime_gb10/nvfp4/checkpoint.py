@@ -82,13 +82,14 @@ def hf_quant_config(exclude_modules: list[str]) -> dict:
     }
 
 
-def _input_scale(layer: NVFP4Linear) -> torch.Tensor:
+def _input_scale(layer: NVFP4Linear) -> torch.Tensor | None:
+    """``input_amax / (6 * 448)`` from calibration, else a loaded ``input_scale``; None if neither."""
     amax = layer.input_amax.detach().float().cpu()
     if amax > 0:
         return (amax / GLOBAL_SCALE_DIVISOR).reshape(())
-    if layer.packed:
+    if layer.packed and layer.input_scale > 0:
         return layer.input_scale.detach().float().cpu().reshape(())
-    return torch.ones((), dtype=torch.float32)
+    return None
 
 
 def _shared_quantized_weights(model: nn.Module) -> dict[str, NVFP4Tensor]:
@@ -113,12 +114,23 @@ def _shared_quantized_weights(model: nn.Module) -> dict[str, NVFP4Tensor]:
 
 
 def nvfp4_state_dict(
-    model: nn.Module, keep_fp32: tuple[str, ...] = DEFAULT_KEEP_FP32
+    model: nn.Module, keep_fp32: tuple[str, ...] = DEFAULT_KEEP_FP32, *, allow_uncalibrated: bool = False
 ) -> dict[str, torch.Tensor]:
     """The tensors of the ModelOpt NVFP4 checkpoint of ``model`` (on the CPU, contiguous)."""
     layers = dict(nvfp4_layers(model))
     weights = _shared_quantized_weights(model)
     input_scales = {name: _input_scale(layer) for name, layer in layers.items()}
+    uncalibrated = sorted(name for name, scale in input_scales.items() if scale is None)
+    if uncalibrated and not allow_uncalibrated:
+        raise CheckpointError(
+            f"{len(uncalibrated)} NVFP4 layers have no activation scale (e.g. {uncalibrated[:3]}): "
+            "SGLang quantizes activations with input_scale, so a made-up one (1.0) clips or flushes "
+            "them to zero. Run the model on a few representative batches inside "
+            "`with slime_gb10.nvfp4.calibration(model): ...` before exporting, or pass "
+            "allow_uncalibrated=True to write input_scale = 1.0 knowingly."
+        )
+    for name in uncalibrated:
+        input_scales[name] = torch.ones((), dtype=torch.float32)
     for group in fused_groups(layers):
         shared = torch.stack([input_scales[n] for n in group]).max()
         for n in group:
@@ -158,6 +170,7 @@ def export_nvfp4(
     *,
     config: dict | None = None,
     keep_fp32: tuple[str, ...] = DEFAULT_KEEP_FP32,
+    allow_uncalibrated: bool = False,
 ) -> Path:
     """Write ``model`` (with :class:`NVFP4Linear` layers) as a ModelOpt NVFP4 HF checkpoint.
 
@@ -168,13 +181,15 @@ def export_nvfp4(
         raise CheckpointError(
             "the model has no NVFP4Linear layers; call slime_gb10.nvfp4.quantize_model(model) first"
         )
-    tensors = nvfp4_state_dict(model, keep_fp32)
+    tensors = nvfp4_state_dict(model, keep_fp32, allow_uncalibrated=allow_uncalibrated)
     exclude = excluded_modules(model)
     if config is None and hasattr(model, "config") and hasattr(model.config, "to_dict"):
         config = model.config.to_dict()
     config = dict(config or {})
     config["quantization_config"] = quantization_config(exclude)
-    config.setdefault("torch_dtype", "bfloat16")
+    # every unquantized tensor is written in BF16: say so under both spellings transformers uses
+    # (a stale "float32" would make engines pick FP32/FP16 activations)
+    config["torch_dtype"] = config["dtype"] = "bfloat16"
     with atomic_directory(output_dir) as tmp:
         save_file(tensors, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
         (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2, default=str) + "\n")

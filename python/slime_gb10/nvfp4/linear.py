@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import warnings
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -28,6 +29,7 @@ from slime_gb10.nvfp4.format import (
     GLOBAL_SCALE_DIVISOR,
     NVFP4Tensor,
     dequantize,
+    global_scale_from_amax,
     quantize,
 )
 
@@ -138,6 +140,9 @@ class NVFP4Linear(nn.Module):
         self.quantize_activations = quantize_activations
         self.backend = _check_backend(backend or default_backend(device))
         self.calibrating = False
+        # layers an inference engine fuses with this one (set by quantize_model); a plain tuple,
+        # not submodules, so state dicts and module traversal are unchanged
+        self._fused_group: tuple[NVFP4Linear, ...] = ()
         self.register_buffer("input_amax", torch.zeros((), dtype=torch.float32, device=device))
         if bias:
             self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device))
@@ -160,7 +165,8 @@ class NVFP4Linear(nn.Module):
             "weight_scale", torch.zeros(n, k // BLOCK_SIZE, dtype=torch.float8_e4m3fn, device=device)
         )
         self.register_buffer("weight_scale_2", torch.ones((), dtype=torch.float32, device=device))
-        self.register_buffer("input_scale", torch.ones((), dtype=torch.float32, device=device))
+        # 0 = not calibrated yet (export refuses to invent one; see checkpoint.export_nvfp4)
+        self.register_buffer("input_scale", torch.zeros((), dtype=torch.float32, device=device))
         self._te_module = None
 
     @property
@@ -196,6 +202,9 @@ class NVFP4Linear(nn.Module):
         if (backend in PACKED_BACKENDS) != self.packed:
             if self.packed:  # packed -> master weight: start from the dequantized NVFP4 values
                 weight = self.dequantized_weight()
+                with torch.no_grad():  # keep a loaded/calibrated activation scale as an amax
+                    loaded_amax = self.input_scale.float() * GLOBAL_SCALE_DIVISOR
+                    self.input_amax.copy_(torch.maximum(self.input_amax, loaded_amax))
                 for name in ("weight", "weight_scale", "weight_scale_2", "input_scale"):
                     delattr(self, name)
                 self.weight = nn.Parameter(weight)
@@ -292,8 +301,24 @@ class NVFP4Linear(nn.Module):
 
     def _forward_qat(self, x: torch.Tensor) -> torch.Tensor:
         x = self._maybe_quantize_input(x)
-        weight = fake_quantize(self.weight.to(x.dtype))
-        return F.linear(x, weight, self._bias(x.dtype))
+        weight = self.weight.to(x.dtype)
+        return F.linear(x, fake_quantize(weight, self.fused_global_scale(x.dtype)), self._bias(x.dtype))
+
+    def fused_global_scale(self, dtype: torch.dtype | None = None) -> torch.Tensor | None:
+        """The ``weight_scale_2`` shared with the siblings an engine fuses this layer with (q/k/v,
+        gate/up), from their master weights; None outside such a group (the layer's own amax).
+
+        Training with it (``qat``) makes the exported checkpoint, which must share one scale per
+        fused layer, hold exactly the weights that were trained.
+        """
+        group = self._fused_group
+        if not group or self.packed:
+            return None
+        with torch.no_grad():
+            amax = torch.stack(
+                [layer.weight.detach().to(dtype or layer.dtype).abs().amax().float() for layer in group]
+            ).max()
+        return global_scale_from_amax(amax)
 
     def _forward_te(self, x: torch.Tensor) -> torch.Tensor:
         from slime_gb10.nvfp4 import te_backend
@@ -364,6 +389,20 @@ def quantize_model(
             continue
         chosen[name] = module
 
+    # An engine fuses q/k/v (gate/up) into one layer that is quantized as a whole or not at all:
+    # excluding one member excludes its group (a partly quantized fused layer does not load).
+    all_linear = [name for name, m in model.named_modules() if type(m) is nn.Linear]
+    for group in fused_groups(all_linear):
+        left_out = [n for n in group if n not in chosen]
+        if left_out and len(left_out) < len(group):
+            warnings.warn(
+                f"{left_out} are excluded, so their fused siblings {sorted(set(group) - set(left_out))} "
+                "stay unquantized too (an inference engine fuses them into one layer)",
+                stacklevel=2,
+            )
+            for n in group:
+                chosen.pop(n, None)
+
     global_scales: dict[str, torch.Tensor] = {}
     if share_fused_scales:
         for group in fused_groups(chosen):
@@ -382,6 +421,11 @@ def quantize_model(
         parent_name, _, leaf = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, leaf, layer)
+    if share_fused_scales:
+        for group in fused_groups(chosen):
+            layers = tuple(model.get_submodule(n) for n in group)
+            for layer in layers:
+                layer._fused_group = layers
     return list(chosen)
 
 
