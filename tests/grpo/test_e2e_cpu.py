@@ -212,3 +212,65 @@ def test_beta_zero_loads_no_reference_model(tiny_model_dir, tmp_path):
         make_config(tiny_model_dir, tmp_path / "r2", **{"algo.beta": 0.01}), tokenizer, "cpu"
     )
     assert with_ref.reference_model is not None
+
+
+def test_interrupt_inside_an_update_never_overwrites_a_checkpoint(tiny_model_dir, tmp_path, monkeypatch):
+    """Found in review: with 2 minibatches, a Ctrl-C between them used to save half-updated weights
+    (and a 3-step Adam state) under the previous step's name."""
+    out = tmp_path / "midupdate"
+    config = make_config(
+        tiny_model_dir, out, **{"train.steps": 3, "train.minibatches": 2, "output.checkpoint_every": 1}
+    )
+    trainer = GRPOTrainer(config)
+    trainer.setup()
+    real_step = trainer.backend.train_step
+    calls = {"n": 0}
+
+    def step_then_interrupt(*args, **kwargs):
+        calls["n"] += 1
+        result = real_step(*args, **kwargs)
+        if calls["n"] == 3:  # step 2's first minibatch has been applied
+            raise KeyboardInterrupt
+        return result
+
+    monkeypatch.setattr(trainer.backend, "train_step", step_then_interrupt)
+    with pytest.raises(TrainingInterrupted) as info:
+        trainer.train()
+    trainer.close()
+    assert not info.value.written and info.value.checkpoint.name == "step-000001"
+    assert [path.name for _, path in list_checkpoints(out)] == ["step-000001"]
+    backend_state, trainer_state = load_checkpoint(info.value.checkpoint)
+    assert trainer_state["step"] == 1
+    # the checkpoint holds the weights after step 1 exactly: a straight 1-step run reproduces them
+    _, one_step = run(
+        make_config(tiny_model_dir, tmp_path / "one", **{"train.steps": 1, "train.minibatches": 2})
+    )
+    for name, tensor in one_step.items():
+        assert torch.equal(backend_state["model"][name], tensor), name
+
+
+def test_sigint_during_an_update_waits_for_the_step_then_checkpoints(tiny_model_dir, tmp_path, monkeypatch):
+    """A real SIGINT (what Ctrl-C sends) mid-update is held until the step is logged."""
+    import os
+    import signal
+
+    out = tmp_path / "sigint"
+    trainer = GRPOTrainer(make_config(tiny_model_dir, out, **{"train.steps": 4}))
+    trainer.setup()
+    real_step = trainer.backend.train_step
+    calls = {"n": 0}
+
+    def step_with_sigint(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:  # during step 2's update
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(trainer.backend, "train_step", step_with_sigint)
+    with pytest.raises(TrainingInterrupted) as info:
+        trainer.train()
+    trainer.close()
+    assert info.value.written and info.value.step == 2 and info.value.checkpoint.name == "step-000002"
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in lines] == [1, 2]  # step 2 finished and was logged
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored

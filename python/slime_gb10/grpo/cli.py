@@ -197,7 +197,12 @@ def train_command(config_file, sets, data_path, verbose, resume_dir, print_confi
         trainer.setup(resume=resume_dir is not None)
         history = trainer.train()
     except TrainingInterrupted as exc:
-        where = f"checkpoint written to {exc.checkpoint}" if exc.checkpoint else "no checkpoint written"
+        if exc.written and exc.checkpoint:
+            where = f"checkpoint written to {exc.checkpoint}"
+        elif exc.checkpoint:
+            where = f"stopped mid-update, nothing new written; the last checkpoint is {exc.checkpoint}"
+        else:
+            where = "no checkpoint written"
         click.echo(
             f"\ninterrupted after step {exc.step}: {where}. Continue with: slime-gb10 train --resume {config.output.dir}",
             err=True,

@@ -18,8 +18,11 @@ is the plain policy gradient); otherwise they are computed once before the first
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,12 +40,50 @@ class TrainingDiverged(RuntimeError):
 
 
 class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C: a checkpoint was written (``checkpoint``) and the run stopped cleanly."""
+    """Ctrl-C: the run stopped cleanly; ``checkpoint`` is where ``--resume`` continues from.
 
-    def __init__(self, checkpoint: Path | None, step: int):
+    ``written`` is False when the interrupt came in the middle of a policy update (a second
+    Ctrl-C, see :func:`finish_step_before_interrupt`): the weights in memory were then not a step
+    boundary, so nothing was written and ``checkpoint`` is the last one written before.
+    """
+
+    def __init__(self, checkpoint: Path | None, step: int, *, written: bool = True):
         super().__init__(f"interrupted after step {step}")
         self.checkpoint = checkpoint
         self.step = step
+        self.written = written
+
+
+@contextlib.contextmanager
+def finish_step_before_interrupt():
+    """Hold Ctrl-C (SIGINT) until the block ends, then raise it.
+
+    Wraps a step from its first optimizer update until its metrics are logged, so a checkpoint
+    written on Ctrl-C is always a step boundary (never a half-applied update, never a step whose
+    metrics row is missing). A second Ctrl-C inside the block interrupts at once. Only the main
+    thread can install signal handlers; elsewhere the block runs unguarded.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+
+    def hold(signum, frame):
+        if held:
+            raise KeyboardInterrupt
+        held.append(signum)
+        log.warning(
+            "Ctrl-C: finishing this step, then writing a checkpoint "
+            "(press Ctrl-C again to stop at once, without a new checkpoint)"
+        )
+
+    previous = signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if held:
+        raise KeyboardInterrupt
 
 
 class DataError(ValueError):
@@ -123,6 +164,7 @@ class GRPOTrainer:
         self._prompt_cache: dict[str, list[int]] = {}
         self._boundary: dict | None = None
         self._last_checkpoint: Path | None = None
+        self._mid_step = False  # inside a step's update..log: memory is not a step boundary
 
     # ------------------------------------------------------------------ setup
     def setup(self, resume: bool = False) -> None:
@@ -327,7 +369,8 @@ class GRPOTrainer:
                 except NonFiniteError as exc:
                     where = self._last_checkpoint or "none written yet"
                     raise TrainingDiverged(
-                        f"step {self.step + 1}: {exc}. Training stopped; the weights were not updated. "
+                        f"step {self.step + 1}: {exc}. Training stopped; nothing was saved from this step "
+                        f"(with train.minibatches > 1 the weights in memory may be partly updated). "
                         f"Last good checkpoint: {where}. Lower train.lr (or train.max_grad_norm), then --resume."
                     ) from exc
                 history.append(row)
@@ -338,6 +381,8 @@ class GRPOTrainer:
                 if (every and self.step % every == 0) or self.step == cfg.train.steps:
                     self.save("final" if self.step == cfg.train.steps else "periodic")
         except KeyboardInterrupt:
+            if self._mid_step:  # the weights in memory are half-way through a step: write nothing
+                raise TrainingInterrupted(self._last_checkpoint, self.step, written=False) from None
             path = self.save("interrupt") if self._boundary is not None else None
             raise TrainingInterrupted(path, self.step) from None
         finally:
@@ -408,85 +453,90 @@ class GRPOTrainer:
             if not (skip and bool(zero_var[i // G])) and s.train and s.completion_ids
         ]
 
-        # 3. policy update
-        t1 = time.perf_counter()
-        train_metrics, train_tokens, grad_norm, loss = (
-            self._update(trainable) if trainable else ({}, 0, 0.0, 0.0)
-        )
-        train_time = time.perf_counter() - t1
-        # The optimizer step is done: this step now counts (a Ctrl-C from here checkpoints it).
-        self.step = step
-        self._boundary = self._snapshot()
-
-        # 4. weight sync
-        sync_time = self._sync_weights() if trainable else 0.0
-
-        # 5. metrics
-        lengths = [len(g.completion_ids) for g in generations]
-        rollout_tokens = sum(lengths)
-        step_time = time.perf_counter() - t_step
-        n = len(rewards)
-        mean = sum(rewards) / n
-        row = {
-            "step": step,
-            "reward_mean": mean,
-            "reward_std": math.sqrt(sum((r - mean) ** 2 for r in rewards) / max(n - 1, 1)),
-            "pass_rate": sum(r >= cfg.data.pass_threshold for r in rewards) / n,
-            "response_len_mean": rollout_tokens / n,
-            "truncated_frac": sum(g.truncated for g in generations) / n,
-            "zero_variance_groups": float(zero_var.float().mean()),
-            "entropy": train_metrics.get("entropy", float("nan")),
-            "kl": train_metrics.get("kl", float("nan")),
-            "clip_frac": train_metrics.get("clip_frac", float("nan")),
-            "ratio_mean": train_metrics.get("ratio_mean", float("nan")),
-            "tis_weight_mean": train_metrics.get("tis_weight_mean", float("nan")),
-            "loss": loss,
-            "grad_norm": grad_norm,
-            "lr": train_metrics.get("lr", cfg.train.lr),
-            "reward_errors": reward_errors,
-            "rollout_time_s": rollout_time,
-            "train_time_s": train_time,
-            "sync_time_s": sync_time,
-            "rollout_tokens_per_s": rollout_tokens / rollout_time if rollout_time > 0 else float("nan"),
-            "train_tokens_per_s": train_tokens / train_time
-            if train_time > 0 and train_tokens
-            else float("nan"),
-            "step_time_s": step_time,
-        }
-        if cuda:
-            row["peak_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
-        mfu = self._mfu(
-            prompt_tokens=sum(len(p) for p in repeated),
-            rollout_tokens=rollout_tokens,
-            train_tokens=train_tokens,
-            seconds=step_time,
-        )
-        if mfu is not None:
-            row["mfu"] = mfu
-
-        # 6. evaluation
-        if cfg.eval.every and step % cfg.eval.every == 0 and self.eval_examples:
-            t2 = time.perf_counter()
-            for key, value in self.run_eval().items():
-                row[f"eval/{key}"] = value
-            row["eval_time_s"] = time.perf_counter() - t2
-
-        self.logger.log_step(row)
-        if cfg.output.samples_per_step:
-            self.logger.log_samples(
-                [
-                    {
-                        "step": step,
-                        "prompt": self.tokenizer.decode(g.prompt_ids, skip_special_tokens=False),
-                        "completion": g.text,
-                        "reward": rewards[i],
-                        "ground_truth": truths[i],
-                        "finish_reason": g.finish_reason,
-                    }
-                    for i, g in list(enumerate(generations))[:: max(1, G)][: cfg.output.samples_per_step]
-                ]
+        # 3.-6. From the first optimizer update until the row is logged, Ctrl-C waits for the
+        # step to finish (finish_step_before_interrupt), so a checkpoint is always a step boundary.
+        self._mid_step = True
+        with finish_step_before_interrupt():
+            # 3. policy update
+            t1 = time.perf_counter()
+            train_metrics, train_tokens, grad_norm, loss = (
+                self._update(trainable) if trainable else ({}, 0, 0.0, 0.0)
             )
-        return row
+            train_time = time.perf_counter() - t1
+            # The optimizer step is done: this step now counts.
+            self._boundary = {**self._snapshot(), "step": step}
+            self.step = step
+
+            # 4. weight sync
+            sync_time = self._sync_weights() if trainable else 0.0
+
+            # 5. metrics
+            lengths = [len(g.completion_ids) for g in generations]
+            rollout_tokens = sum(lengths)
+            step_time = time.perf_counter() - t_step
+            n = len(rewards)
+            mean = sum(rewards) / n
+            row = {
+                "step": step,
+                "reward_mean": mean,
+                "reward_std": math.sqrt(sum((r - mean) ** 2 for r in rewards) / max(n - 1, 1)),
+                "pass_rate": sum(r >= cfg.data.pass_threshold for r in rewards) / n,
+                "response_len_mean": rollout_tokens / n,
+                "truncated_frac": sum(g.truncated for g in generations) / n,
+                "zero_variance_groups": float(zero_var.float().mean()),
+                "entropy": train_metrics.get("entropy", float("nan")),
+                "kl": train_metrics.get("kl", float("nan")),
+                "clip_frac": train_metrics.get("clip_frac", float("nan")),
+                "ratio_mean": train_metrics.get("ratio_mean", float("nan")),
+                "tis_weight_mean": train_metrics.get("tis_weight_mean", float("nan")),
+                "loss": loss,
+                "grad_norm": grad_norm,
+                "lr": train_metrics.get("lr", cfg.train.lr),
+                "reward_errors": reward_errors,
+                "rollout_time_s": rollout_time,
+                "train_time_s": train_time,
+                "sync_time_s": sync_time,
+                "rollout_tokens_per_s": rollout_tokens / rollout_time if rollout_time > 0 else float("nan"),
+                "train_tokens_per_s": train_tokens / train_time
+                if train_time > 0 and train_tokens
+                else float("nan"),
+                "step_time_s": step_time,
+            }
+            if cuda:
+                row["peak_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+            mfu = self._mfu(
+                prompt_tokens=sum(len(p) for p in repeated),
+                rollout_tokens=rollout_tokens,
+                train_tokens=train_tokens,
+                seconds=step_time,
+            )
+            if mfu is not None:
+                row["mfu"] = mfu
+
+            # 6. evaluation
+            if cfg.eval.every and step % cfg.eval.every == 0 and self.eval_examples:
+                t2 = time.perf_counter()
+                for key, value in self.run_eval().items():
+                    row[f"eval/{key}"] = value
+                row["eval_time_s"] = time.perf_counter() - t2
+
+            self.logger.log_step(row)
+            if cfg.output.samples_per_step:
+                self.logger.log_samples(
+                    [
+                        {
+                            "step": step,
+                            "prompt": self.tokenizer.decode(g.prompt_ids, skip_special_tokens=False),
+                            "completion": g.text,
+                            "reward": rewards[i],
+                            "ground_truth": truths[i],
+                            "finish_reason": g.finish_reason,
+                        }
+                        for i, g in list(enumerate(generations))[:: max(1, G)][: cfg.output.samples_per_step]
+                    ]
+                )
+            self._mid_step = False
+            return row
 
     def _next_examples(self):
         batch = self.sampler.next_batch()
