@@ -337,3 +337,12 @@ def test_on_policy_gradient_is_minus_advantage_over_tokens(batch, length, adv_sc
     loss.backward()
     n = max(mask.sum().item(), 1.0)
     torch.testing.assert_close(lp.grad, -adv[:, None] * mask / n)
+
+
+@pytest.mark.parametrize("value", [0.1, 0.3, 0.7, 1.1])
+def test_equal_rewards_give_exactly_zero_advantage(value):
+    """Found in review: float32 mean(eight 0.1s) != 0.1, and / (std + eps) blew the ulp up to ~1e-2."""
+    rewards = torch.tensor([value] * 8 + [0.0, 1.0] * 4)
+    adv = group_advantages(rewards, 8)
+    assert torch.equal(adv[:8], torch.zeros(8))
+    assert adv[8:].abs().min() > 0.9  # the mixed group is untouched: +-1/std(unbiased) = +-0.935

@@ -35,8 +35,8 @@ def test_unknown_top_level_key_lists_all_keys():
 
 
 def test_bad_value_names_the_key(tmp_path):
-    with pytest.raises(ConfigError, match=r"'rollout.group_size'.*greater than or equal to 1"):
-        build_config(overrides={"rollout.group_size": 0})
+    with pytest.raises(ConfigError, match=r"'rollout.group_size'.*greater than or equal to 2"):
+        build_config(overrides={"rollout.group_size": 1})  # one sample per prompt: every advantage is 0
     with pytest.raises(ConfigError, match=r"'algo.loss_agg'"):
         build_config(sets=["algo.loss_agg=token-sum"])
 

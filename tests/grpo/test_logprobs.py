@@ -375,3 +375,17 @@ def test_cuda_qwen_vocab_matches_naive_with_bounded_peak_memory():
     assert ours_peak < 2 * weight_grad_bytes + 0.25 * logits_fp32_bytes, (ours_peak, ref_peak)
     assert ref_peak > 2 * logits_fp32_bytes, ref_peak
     assert ours_peak < ref_peak / 2, (ours_peak, ref_peak)
+
+
+def test_lm_heads_that_are_not_a_plain_matmul_are_named():
+    """Granite scales, Gemma 2 soft-caps, Cohere multiplies its logits: the chunked path would differ."""
+    from transformers import Gemma2Config, GraniteConfig, LlamaConfig
+
+    from slime_gb10.grpo.logprobs import unsupported_lm_head_features
+
+    assert unsupported_lm_head_features(LlamaConfig()) == []
+    assert unsupported_lm_head_features(GraniteConfig(logits_scaling=8.0)) == ["logits_scaling=8.0"]
+    assert unsupported_lm_head_features(GraniteConfig(logits_scaling=1.0)) == []
+    assert unsupported_lm_head_features(Gemma2Config(final_logit_softcapping=30.0)) == [
+        "final_logit_softcapping=30.0"
+    ]

@@ -245,3 +245,20 @@ def test_any_integer_in_any_accepted_format_scores(n, style):
     assert gsm8k_reward(f"<think>maybe {n + 1}</think>{text}", str(n)) == 1.0
     assert gsm8k_reward(text, str(n + 1)) == 0.0
     assert boxed_math_reward(f"\\boxed{{{n}}}", f"{n}.0") == 1.0
+
+
+def test_a_think_block_opened_by_the_chat_template_counts_as_open():
+    """Found in review: Qwen3-thinking / R1-distill templates end the prompt with '<think>\\n', so a
+    trace cut off before '</think>' has no tags at all and was scored on its last number."""
+    from slime_gb10.grpo.rewards import as_scored, prompt_opens_think
+
+    prompt = "<|im_start|>user\nWhat is 6 * 7?<|im_end|>\n<|im_start|>assistant\n<think>\n"
+    cut_off = "Okay, maybe 42? Let me recheck the second part"
+    assert prompt_opens_think(prompt)
+    assert gsm8k_reward(cut_off, "42") == 1.0  # what scoring the bare completion used to give
+    assert gsm8k_reward(as_scored(cut_off, prompt_opens_think(prompt)), "42") == 0.0
+    finished = "6 * 7 = 42.\n</think>\n#### 42"
+    assert gsm8k_reward(as_scored(finished, True), "42") == 1.0
+    closed_in_prompt = "<think>\nfirst thoughts\n</think>\nassistant:"
+    assert not prompt_opens_think(closed_in_prompt) and not prompt_opens_think("plain prompt")
+    assert as_scored("#### 5", False) == "#### 5"

@@ -174,3 +174,23 @@ def test_cuda_graph_decoding_matches_dynamic_on_gpu(tiny_dir, tokenizer):
     # a second batch of the same shape replays the same graph
     graphed.generate(prompts, params)
     assert len(graphed._graphs) == 1
+
+
+def test_sliding_window_models_stay_off_the_full_attention_static_path():
+    """Found in review: Mistral has no use_sliding_window flag, so its window went unnoticed and the
+    static cache decoded it with full attention (logprobs off by up to 4.6)."""
+    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    from slime_gb10.grpo.engines.torch_engine import supports_static_decoding
+
+    small = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
+    small |= {"num_attention_heads": 4, "num_key_value_heads": 2}
+    assert not supports_static_decoding(MistralForCausalLM(MistralConfig(sliding_window=4, **small)))
+    assert supports_static_decoding(MistralForCausalLM(MistralConfig(sliding_window=None, **small)))
+    # Qwen2 carries a window size but uses it only when use_sliding_window is on
+    assert supports_static_decoding(
+        Qwen2ForCausalLM(Qwen2Config(sliding_window=4096, use_sliding_window=False, **small))
+    )
+    assert not supports_static_decoding(
+        Qwen2ForCausalLM(Qwen2Config(sliding_window=4, use_sliding_window=True, max_window_layers=1, **small))
+    )

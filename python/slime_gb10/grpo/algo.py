@@ -66,7 +66,11 @@ def group_advantages(
     centered = r - r.mean(dim=1, keepdim=True)
     if scale_std:
         centered = centered / (r.std(dim=1, keepdim=True, unbiased=True) + eps)
-    return centered.reshape(-1)
+    # A group of equal rewards has advantage exactly 0. In float32 its mean can be one ulp off
+    # (mean of eight 0.1s != 0.1), and dividing that by std + eps (std ~1e-9) would push the whole
+    # group up or down by ~1e-2.
+    equal = r.amax(dim=1, keepdim=True) == r.amin(dim=1, keepdim=True)
+    return torch.where(equal, torch.zeros_like(centered), centered).reshape(-1)
 
 
 def zero_variance_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -298,6 +298,7 @@ def run_eval(config: GRPOConfig) -> dict[str, float]:
             [trainer.prompt_ids(e) for e in examples],
             [str(e.ground_truth) for e in examples],
             reward_fn,
+            opens_think=[trainer.opens_think(e) for e in examples],
             k=config.eval.k,
             temperature=config.eval.temperature,
             max_new_tokens=config.eval.max_new_tokens or config.rollout.max_new_tokens,

@@ -68,7 +68,7 @@ class RolloutConfig(_Section):
     # The embedded default is small enough for a CPU (minutes); a GPU run raises these
     # (benchmarks/grpo: 16 prompts x 8 samples x 128 tokens).
     prompts_per_step: int = Field(default=4, ge=1)
-    group_size: int = Field(default=4, ge=1)  # G samples per prompt
+    group_size: int = Field(default=4, ge=2)  # G samples per prompt (1: every advantage is 0)
     max_prompt_tokens: int = Field(default=256, ge=1)
     max_new_tokens: int = Field(default=48, ge=1)
     temperature: float = Field(default=1.0, ge=0.0)

@@ -35,13 +35,17 @@ def evaluate(
     pass_threshold: float = 1.0,
     seed: int = 0,
     stop: Sequence[str] = (),
+    opens_think: Sequence[bool] | None = None,
 ) -> dict[str, float]:
     """``{"pass@1": ..., f"pass@{k}": ..., "reward_mean": ..., "response_len_mean": ...}``.
 
     pass@1 is greedy (one completion per prompt); pass@k samples ``k`` completions per prompt at
     ``temperature``. A completion passes when its reward is at least ``pass_threshold``.
+    ``opens_think[i]``: prompt ``i`` ends in an open ``<think>`` (``rewards.as_scored``).
     """
-    from slime_gb10.grpo.rewards import safe_rewards
+    from slime_gb10.grpo.rewards import as_scored, safe_rewards
+
+    opens_think = list(opens_think) if opens_think is not None else [False] * len(prompt_ids)
 
     if len(prompt_ids) != len(ground_truths):
         raise ValueError(f"{len(prompt_ids)} prompts but {len(ground_truths)} ground truths")
@@ -50,7 +54,8 @@ def evaluate(
     greedy = engine.generate(
         list(prompt_ids), SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop=tuple(stop))
     )
-    greedy_rewards, _ = safe_rewards(reward_fn, [g.text for g in greedy], list(ground_truths))
+    greedy_texts = [as_scored(g.text, o) for g, o in zip(greedy, opens_think, strict=True)]
+    greedy_rewards, _ = safe_rewards(reward_fn, greedy_texts, list(ground_truths))
     metrics = {
         "pass@1": sum(r >= pass_threshold for r in greedy_rewards) / len(greedy_rewards),
         "reward_mean": sum(greedy_rewards) / len(greedy_rewards),
@@ -66,7 +71,8 @@ def evaluate(
                 max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, stop=tuple(stop)
             ),
         )
-        rewards, _ = safe_rewards(reward_fn, [g.text for g in sampled], truths)
+        sampled_texts = [as_scored(g.text, opens_think[i // k]) for i, g in enumerate(sampled)]
+        rewards, _ = safe_rewards(reward_fn, sampled_texts, truths)
         scores = []
         for i in range(len(prompt_ids)):
             passed = sum(r >= pass_threshold for r in rewards[i * k : (i + 1) * k])

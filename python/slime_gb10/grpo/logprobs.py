@@ -325,3 +325,20 @@ def sequence_logprobs_entropy(
         return F.pad(full, (1, 0))
 
     return scatter(logprobs), (scatter(entropy) if entropy is not None else None)
+
+
+#: Config fields of Hugging Face models whose logits are NOT ``hidden @ lm_head.weight.T`` (+ bias):
+#: Granite divides by ``logits_scaling``, Gemma 2/3 soft-cap with ``final_logit_softcapping``,
+#: Cohere multiplies by ``logit_scale``. The chunked path above would silently compute other
+#: logprobs than the model's own forward (and the rollout engine's).
+_NON_LINEAR_HEAD_FIELDS = {"logits_scaling": 1.0, "final_logit_softcapping": None, "logit_scale": None}
+
+
+def unsupported_lm_head_features(config) -> list[str]:
+    """``["logits_scaling=8.0", ...]``: what in ``config`` the chunked LM-head path does not model."""
+    found = []
+    for field, neutral in _NON_LINEAR_HEAD_FIELDS.items():
+        value = getattr(config, field, neutral)
+        if value not in (neutral, None, 1.0):
+            found.append(f"{field}={value}")
+    return found

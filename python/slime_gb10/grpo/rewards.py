@@ -53,6 +53,24 @@ def strip_think(text: str) -> str | None:
     return text
 
 
+def prompt_opens_think(prompt_text: str) -> bool:
+    """True when a chat-formatted prompt ends inside an open ``<think>`` block.
+
+    Reasoning templates (Qwen3 thinking mode, DeepSeek-R1 distills) put ``<think>`` at the end of
+    the prompt, so the completion continues a trace whose opening tag it never contains.
+    """
+    return prompt_text.rfind(_THINK_OPEN) > prompt_text.rfind(_THINK_CLOSE)
+
+
+def as_scored(completion: str, opens_think: bool) -> str:
+    """The text a reward sees: the completion, with the prompt's open ``<think>`` restored.
+
+    Without it, a trace cut off before ``</think>`` would be scored on its last number instead of
+    counting as "no answer".
+    """
+    return _THINK_OPEN + completion if opens_think else completion
+
+
 # --- numbers -----------------------------------------------------------------------------------
 
 # A number: optional sign (not glued to a preceding word/number, so "5-3" is 5 and 3; and glued to

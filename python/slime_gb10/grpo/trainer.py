@@ -162,6 +162,7 @@ class GRPOTrainer:
         self.step = 0
         self.logger = None
         self._prompt_cache: dict[str, list[int]] = {}
+        self._opens_think: dict[str, bool] = {}
         self._boundary: dict | None = None
         self._last_checkpoint: Path | None = None
         self._mid_step = False  # inside a step's update..log: memory is not a step boundary
@@ -296,9 +297,11 @@ class GRPOTrainer:
         ids = self._prompt_cache.get(key)
         if ids is None:
             from slime_gb10.grpo.data import format_prompt
+            from slime_gb10.grpo.rewards import prompt_opens_think
 
             text = format_prompt(self.tokenizer, example.prompt, self.config.data.system_prompt)
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            self._opens_think[key] = prompt_opens_think(text)
             if len(ids) > self.config.rollout.max_prompt_tokens:
                 raise DataError(
                     f"prompt '{getattr(example, 'id', '?')}' has {len(ids)} tokens, more than "
@@ -306,6 +309,11 @@ class GRPOTrainer:
                 )
             self._prompt_cache[key] = ids
         return ids
+
+    def opens_think(self, example) -> bool:
+        """Whether ``example``'s formatted prompt ends in an open ``<think>`` (see rewards.as_scored)."""
+        self.prompt_ids(example)
+        return self._opens_think[f"{getattr(example, 'id', '')}\x00{example.prompt}"]
 
     def _sampling_params(self, seed: int | None) -> SamplingParams:
         r = self.config.rollout
@@ -404,7 +412,7 @@ class GRPOTrainer:
     def train_step(self) -> dict:
         """One GRPO step; returns (and logs) its metrics row."""
         from slime_gb10.grpo import algo
-        from slime_gb10.grpo.rewards import safe_rewards
+        from slime_gb10.grpo.rewards import as_scored, safe_rewards
 
         cfg = self.config
         G = cfg.rollout.group_size
@@ -428,7 +436,9 @@ class GRPOTrainer:
         self.engine.sleep()
 
         # 2. rewards and group advantages
-        rewards, reward_errors = safe_rewards(self.reward_fn, [g.text for g in generations], truths)
+        opens = [self.opens_think(e) for e in examples for _ in range(G)]
+        scored = [as_scored(g.text, o) for g, o in zip(generations, opens, strict=True)]
+        rewards, reward_errors = safe_rewards(self.reward_fn, scored, truths)
         reward_t = torch.tensor(rewards, dtype=torch.float32)
         advantages = algo.group_advantages(reward_t, G, scale_std=cfg.algo.scale_rewards)
         zero_var = algo.zero_variance_groups(reward_t, G)
@@ -628,6 +638,7 @@ class GRPOTrainer:
                 [self.prompt_ids(e) for e in examples],
                 [str(e.ground_truth) for e in examples],
                 self.reward_fn,
+                opens_think=[self.opens_think(e) for e in examples],
                 k=cfg.eval.k,
                 temperature=cfg.eval.temperature,
                 max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,

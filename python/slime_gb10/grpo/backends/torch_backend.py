@@ -20,6 +20,7 @@ import torch
 
 from slime_gb10.grpo.backends.common import NonFiniteError, accumulate_gradients, batch_to_device
 from slime_gb10.grpo.interfaces import PolicyBackend, TokenBatch, TrainStepResult
+from slime_gb10.grpo.logprobs import unsupported_lm_head_features
 
 log = logging.getLogger(__name__)
 
@@ -222,6 +223,15 @@ def build_backend(config, tokenizer, device) -> TorchPolicyBackend:
         "trust_remote_code": config.model.trust_remote_code,
     }
     model = load_causal_lm(path, dtype=torch.float32, **kwargs)
+    unsupported = unsupported_lm_head_features(model.config)
+    if unsupported:
+        from slime_gb10.grpo.models import ModelLoadError
+
+        raise ModelLoadError(
+            f"{path}: the model's LM head is not a plain linear layer ({', '.join(unsupported)}); the "
+            "trainer's chunked logprobs would not match the model's own. Supported: Llama, Qwen2/3, "
+            "Mistral, SmolLM2 and other models whose logits are hidden @ lm_head.weight.T."
+        )
     reference = None
     if config.algo.beta > 0 or config.algo.ref_kl_metric:
         # Same FP32 weights under the same autocast as the policy: KL is exactly what the policy

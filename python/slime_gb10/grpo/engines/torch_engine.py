@@ -75,7 +75,9 @@ def supports_static_decoding(model) -> bool:
     config = model.config
     if getattr(config, "model_type", None) not in STATIC_ARCHITECTURES:
         return False
-    if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
+    # Mistral has no use_sliding_window flag: a set sliding_window means it is on. Qwen2/Qwen3 carry
+    # a sliding_window value but use it only with use_sliding_window=True.
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
         return False
     base = getattr(model, "model", None)
     return base is not None and hasattr(base, "rotary_emb") and hasattr(base, "layers")
