@@ -31,6 +31,17 @@ def test_recipe_kwargs_on_sm12x_keep_wgrad_in_bf16():
         assert nvfp4_recipe_kwargs({"disable_rht"}, sm12x=True) == {"disable_rht": True}
 
 
+def test_recipe_quantizes_weights_in_the_checkpoint_layout():
+    """TE defaults to 16x16 weight tiles; export (ModelOpt/SGLang) uses 1x16 blocks: train on those."""
+    te_with_2d = {"disable_rht", "backward_override", "disable_2d_quantization"}
+    assert nvfp4_recipe_kwargs(te_with_2d, sm12x=False) == {"disable_2d_quantization": True}
+    assert nvfp4_recipe_kwargs(te_with_2d, sm12x=True) == {
+        "disable_2d_quantization": True,
+        "disable_rht": True,
+        "backward_override": "high_precision",
+    }
+
+
 def test_te_backend_needs_cuda():
     layer = NVFP4Linear(32, 16, backend="te")
     assert isinstance(layer.weight, nn.Parameter)

@@ -37,9 +37,14 @@ def recipe_field_names(recipe_cls) -> set[str]:
 
 def nvfp4_recipe_kwargs(field_names: set[str], sm12x: bool) -> dict:
     """Keyword arguments for ``NVFP4BlockScaling`` on this GPU, given the fields TE's version has."""
+    kwargs: dict = {}
+    if "disable_2d_quantization" in field_names:
+        # TE quantizes weights in 16x16 tiles by default; the exported checkpoint (ModelOpt, SGLang)
+        # uses 1x16 blocks. Train on the weights that will be served.
+        kwargs["disable_2d_quantization"] = True
     if not sm12x:
-        return {}
-    kwargs: dict = {"disable_rht": True}
+        return kwargs
+    kwargs["disable_rht"] = True
     if "override_linear_precision" in field_names:
         kwargs["override_linear_precision"] = (False, False, True)  # (fprop, dgrad, wgrad) in BF16
     elif "backward_override" in field_names:
