@@ -174,3 +174,27 @@ def test_quantize_model_include_exclude_and_skips_odd_widths():
     model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 20), nn.Linear(20, 16))
     assert quantize_model(model, exclude=["2"]) == ["0"]  # "3" has in_features 20: not a multiple of 16
     assert isinstance(model[3], nn.Linear) and not isinstance(model[3], NVFP4Linear)
+
+
+def test_calibrated_activation_quantization_uses_the_static_served_scale():
+    """After calibration, activations are fake-quantized with input_amax / 2688 (what the checkpoint
+    stores as input_scale and SGLang uses), not each batch's own amax."""
+    from slime_gb10.nvfp4 import calibration, fake_quantize
+    from slime_gb10.nvfp4.format import global_scale_from_amax
+
+    torch.manual_seed(0)
+    linear = nn.Linear(32, 8)
+    layer = NVFP4Linear.from_linear(linear, backend="qat", quantize_activations=True)
+    model = nn.Sequential(layer)
+    calib = torch.randn(4, 32)
+    with torch.no_grad(), calibration(model):
+        model(calib)
+    assert float(layer.input_amax) == float(calib.abs().max())
+    big = 3.0 * torch.randn(4, 32)  # larger than anything seen in calibration: the served model clips
+    static = global_scale_from_amax(calib.abs().max())
+    expected = nn.functional.linear(fake_quantize(big, static), fake_quantize(layer.weight), layer.bias)
+    dynamic = nn.functional.linear(fake_quantize(big), fake_quantize(layer.weight), layer.bias)
+    with torch.no_grad():
+        out = layer(big)
+    assert torch.equal(out, expected)
+    assert not torch.equal(out, dynamic)

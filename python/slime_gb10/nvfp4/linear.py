@@ -285,7 +285,24 @@ class NVFP4Linear(nn.Module):
         return None if self.bias is None else self.bias.to(dtype)
 
     def _maybe_quantize_input(self, x: torch.Tensor) -> torch.Tensor:
-        return fake_quantize(x) if self.quantize_activations else x
+        if not self.quantize_activations:
+            return x
+        return fake_quantize(x, self.activation_global_scale())
+
+    def activation_global_scale(self) -> torch.Tensor | None:
+        """The static activation scale serving uses, once known; None: each batch's own amax.
+
+        After :func:`calibration` it is ``input_amax / (6 * 448)``, the ``input_scale`` the
+        checkpoint stores and SGLang quantizes activations with; a packed layer loaded from a
+        checkpoint uses that ``input_scale``. Fake-quantizing with it (rather than per batch) trains
+        for the activations the served model will see, clipping included. (One host sync per call,
+        only when activations are quantized.)
+        """
+        if not self.calibrating and bool(self.input_amax > 0):
+            return global_scale_from_amax(self.input_amax)
+        if self.packed and bool(self.input_scale > 0):
+            return self.input_scale.float().reshape(())
+        return None
 
     def _forward_reference(self, x: torch.Tensor) -> torch.Tensor:
         x = self._maybe_quantize_input(x)
