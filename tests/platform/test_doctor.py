@@ -6,6 +6,7 @@ would report on that GPU (the doctor's input), not a mock of the doctor's own fu
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -538,3 +539,27 @@ def test_grpo_backends_without_gpu_is_the_pytorch_path():
         pytest.skip("this machine has a GPU: the child probe decides")
     result = check_grpo_backends(ctx)
     assert result.status == "ok" and result.reason.startswith("auto = torch+torch")
+
+
+def test_sglang_router_is_optional_but_a_broken_one_warns(tmp_path, monkeypatch):
+    """One-GPU colocated runs never use the router: missing is a skip; an install whose import
+    fails (blocker #12: the x86_64-only fork wheel) is a warning with the fix. Real packages on
+    sys.path and a real child interpreter, nothing of the doctor mocked."""
+    from slime_gb10.platform.doctor import DoctorContext, check_sglang_router
+
+    (tmp_path / "sglang").mkdir()
+    (tmp_path / "sglang" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ctx = DoctorContext(timeout_s=30)
+    if importlib.util.find_spec("sglang_router") is None:
+        result = check_sglang_router(ctx)
+        assert result.status == "skip" and "not needed" in result.reason
+    (tmp_path / "sglang_router").mkdir()
+    (tmp_path / "sglang_router" / "__init__.py").write_text(
+        "raise ImportError('sglang_router_rs.so: cannot open shared object file (wrong architecture)')\n"
+    )
+    importlib.invalidate_caches()
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    result = check_sglang_router(ctx)
+    assert result.status == "warn" and "blocker #12" in result.reason
+    assert "pip install --force-reinstall sglang-router" in result.fix
