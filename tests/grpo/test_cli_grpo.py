@@ -11,12 +11,11 @@ from click.testing import CliRunner
 
 from slime_gb10.cli import main
 from slime_gb10.grpo import models
-from slime_gb10.grpo.models import ModelLoadError, default_model_dir, load_tokenizer, write_tiny_model
+from slime_gb10.grpo.models import ModelLoadError, write_tiny_model
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    tokenizer = load_tokenizer(str(default_model_dir()))
+def tiny_dir(tmp_path_factory, tokenizer):
     return write_tiny_model(tmp_path_factory.mktemp("tiny") / "model", tokenizer, seed=0)
 
 

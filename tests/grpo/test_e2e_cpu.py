@@ -20,7 +20,7 @@ import torch
 from slime_gb10.grpo import algo, rewards
 from slime_gb10.grpo.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 from slime_gb10.grpo.config import build_config
-from slime_gb10.grpo.models import default_model_dir, load_tokenizer, write_tiny_model
+from slime_gb10.grpo.models import write_tiny_model
 from slime_gb10.grpo.trainer import GRPOTrainer, TrainingDiverged, TrainingInterrupted
 
 pytestmark = pytest.mark.slow
@@ -40,8 +40,7 @@ def contains_e(completion: str, ground_truth: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    tokenizer = load_tokenizer(str(default_model_dir()))
+def tiny_model_dir(tmp_path_factory, tokenizer):
     # initializer_range 0.3: logits with std ~2 (not a flat 49k-way uniform), as in a real model
     return write_tiny_model(
         tmp_path_factory.mktemp("tiny") / "model", tokenizer, seed=0, initializer_range=0.3
@@ -199,13 +198,12 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tiny_model_dir, tmp_p
     assert [step for step, _ in list_checkpoints(out)] == [1, 2]
 
 
-def test_beta_zero_loads_no_reference_model(tiny_model_dir, tmp_path):
+def test_beta_zero_loads_no_reference_model(tiny_model_dir, tmp_path, tokenizer):
     """The issue's rule: beta == 0 (the default) keeps no frozen reference; KL is then logged as null."""
     from slime_gb10.grpo.backends.torch_backend import build_backend
 
     config = make_config(tiny_model_dir, tmp_path / "run")
     assert config.algo.beta == 0 and not config.algo.ref_kl_metric
-    tokenizer = load_tokenizer(str(tiny_model_dir))
     backend = build_backend(config, tokenizer, "cpu")
     assert backend.reference_model is None
     with_ref = build_backend(

@@ -15,18 +15,11 @@ from slime_gb10.grpo.backends.torch_backend import NonFiniteError, TorchPolicyBa
 from slime_gb10.grpo.engines.torch_engine import TorchRolloutEngine
 from slime_gb10.grpo.interfaces import SamplingParams, TokenBatch
 from slime_gb10.grpo.models import (
-    default_model_dir,
     eos_token_ids,
     load_causal_lm,
-    load_tokenizer,
     write_tiny_model,
 )
 from slime_gb10.grpo.trainer import Sample, collate
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(str(default_model_dir()))
 
 
 @pytest.fixture(scope="module")

@@ -14,17 +14,10 @@ import torch
 from slime_gb10.grpo.engines.torch_engine import TorchRolloutEngine, filter_logits, sample_next_token
 from slime_gb10.grpo.interfaces import SamplingParams
 from slime_gb10.grpo.models import (
-    default_model_dir,
     eos_token_ids,
     load_causal_lm,
-    load_tokenizer,
     write_tiny_model,
 )
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(str(default_model_dir()))
 
 
 @pytest.fixture(scope="module")
