@@ -117,6 +117,18 @@ def test_triton_quantize_special_vectors(kernels):
     assert _same_quantization(kernels.quantize_triton(huge.cuda()), quantize_reference(huge))
 
 
+@pytest.mark.parametrize("gs", [2.0**-95, 2.0**-89, 2.0**99, 2.0**105])
+def test_triton_quantize_with_extreme_global_scales(kernels, gs):
+    """Global scales outside [2**-90, 2**100] take the div_rn path (Markstein's conditions could
+    fail there); both sides of each edge must match the reference, tiny and huge blocks alike."""
+    g = torch.Generator().manual_seed(int(abs(torch.log2(torch.tensor(gs)))))
+    x = torch.randn(64, 128, generator=g) * torch.exp(8 * torch.randn(64, 128, generator=g)) * gs * 100
+    x = torch.where(torch.rand(64, 128, generator=g) < 0.1, x * 1e-30, x)
+    x = x.clamp(-3e38, 3e38)
+    assert _same_quantization(kernels.quantize_triton(x.cuda(), gs), quantize_reference(x, gs))
+    assert _same_quantization(kernels.quantize_triton(x.cuda()), quantize_reference(x))
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 @pytest.mark.parametrize("given_scale", [False, True])
 def test_triton_quantize_rejects_non_finite(kernels, bad, given_scale):
@@ -166,6 +178,22 @@ def test_w4a16_gemm_matches_reference_with_poisoned_output(kernels, use_asm, M, 
         assert torch.isfinite(out).all(), "an output element was not written"
         err = (out.double() - expected).norm() / expected.norm()
         assert err < 1e-2, float(err)
+
+
+@pytest.mark.parametrize("use_asm", [True, False])
+def test_w4a16_gemm_with_large_weights_takes_the_exact_decoder(kernels, use_asm):
+    """|w| up to ~1e3: the asm decoder's BF16 scale * 2**126 would overflow, so its programs switch
+    to the pure-Triton decoder by themselves; the result must still match."""
+    g = torch.Generator(device="cuda").manual_seed(7)
+    w = torch.randn(384, 512, device="cuda", generator=g) * 300
+    x = torch.randn(8, 512, device="cuda", generator=g).to(torch.bfloat16)
+    q = quantize_reference(w)
+    assert float(q.global_scale) * 448 > 2  # the switch is exercised
+    expected = x.double() @ dequantize_reference(q, torch.float64).T
+    out = torch.full((8, 384), float("nan"), dtype=torch.bfloat16, device="cuda")
+    kernels.w4a16_matmul(x, q, use_asm=use_asm, out=out)
+    assert torch.isfinite(out).all()
+    assert float((out.double() - expected).norm() / expected.norm()) < 1e-2
 
 
 def test_w4a16_linear_falls_back_for_large_m(kernels):

@@ -57,7 +57,7 @@ SCRIPT = textwrap.dedent(
         x, gs = boundary_probes(seed, rows=16)
         ref = quantize_reference(x, gs)
         results[f"boundaries_{seed}"] = same(kernels.quantize_triton(x, gs), ref)
-        results[f"boundaries_thresholds_{seed}"] = same(kernels.quantize_triton(x, gs, divide=False), ref)
+        results[f"boundaries_divide_{seed}"] = same(kernels.quantize_triton(x, gs, divide=True), ref)
     g = torch.Generator().manual_seed(0)
     cases = [((4, 64), torch.bfloat16, 0.0), ((3, 5, 32), torch.float32, 4.0), ((7, 48), torch.float16, 2.0),
              ((300, 16), torch.bfloat16, 8.0)]
@@ -66,7 +66,7 @@ SCRIPT = textwrap.dedent(
         x = x.clamp(-6e4, 6e4).to(dtype)
         ref = quantize_reference(x)
         results[f"quantize_{i}"] = same(kernels.quantize_triton(x), ref)
-        results[f"quantize_thresholds_{i}"] = same(kernels.quantize_triton(x, divide=False), ref)
+        results[f"quantize_divide_{i}"] = same(kernels.quantize_triton(x, divide=True), ref)
         gs = float(ref.global_scale) * 0.3
         results[f"quantize_given_scale_{i}"] = same(kernels.quantize_triton(x, gs), quantize_reference(x, gs))
         for out in (torch.bfloat16, torch.float32, torch.float16):

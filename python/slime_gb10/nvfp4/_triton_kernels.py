@@ -70,22 +70,6 @@ def to_output(x, dtype: tl.constexpr):
 
 
 @triton.jit
-def e2m1_code(q):
-    """4-bit E2M1 code of FP32 q: RNE (ties to even index) saturating at 6; sign bit = q < 0."""
-    a = tl.abs(q)
-    index = (
-        (a > 0.25).to(tl.int32)
-        + (a >= 0.75).to(tl.int32)
-        + (a > 1.25).to(tl.int32)
-        + (a >= 1.75).to(tl.int32)
-        + (a > 2.5).to(tl.int32)
-        + (a >= 3.5).to(tl.int32)
-        + (a > 5.0).to(tl.int32)
-    )
-    return index + (q < 0).to(tl.int32) * 8
-
-
-@triton.jit
 def e2m1_value(code):
     """FP32 value of 4-bit codes, built from bits: 2**(e-1)*(1+m/2) for index >= 2, 0 and 0.5 below."""
     code = code.to(tl.int32)
@@ -95,105 +79,128 @@ def e2m1_value(code):
 
 
 @triton.jit
-def _f32_at_least(p):
-    """Smallest FP32 >= p (p: non-negative FP64), via the RNE conversion and a one-step fix-up."""
-    r = p.to(tl.float32)
-    bits = r.to(tl.int32, bitcast=True)
-    return tl.where(r.to(tl.float64) < p, (bits + 1).to(tl.float32, bitcast=True), r)
+def e2m1_index(a):
+    """E2M1 index 0..7 (0, 0.5, 1, 1.5, 2, 3, 4, 6) of FP32 a in [0, 6], round to nearest, ties to even.
 
-
-@triton.jit
-def _f32_above(p):
-    """Smallest FP32 > p (p: non-negative FP64)."""
-    r = p.to(tl.float32)
-    bits = r.to(tl.int32, bitcast=True)
-    bits = tl.where(r.to(tl.float64) > p, bits - 1, bits)  # largest FP32 <= p
-    return (bits + 1).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _threshold(d, t, half_ulp, AT_LEAST: tl.constexpr):
-    """The least |x| (FP32) for which fl(|x| / d) passes an E2M1 decision point t, exactly.
-
-    fl(y) >= t  <=>  y >= t - ulp/2  (t has an even significand, so the tie rounds to t), and
-    fl(y) > t   <=>  y > t + ulp/2. The boundary ``d * t +- d * ulp/2`` is exact in FP64 (both
-    products are, and their sum needs < 53 bits; t and ulp/2 are passed separately because a
-    float literal is rounded to FP32 by Triton); since |x| is an FP32 number, comparing it with
-    the nearest FP32 on the right side of the boundary is exact too.
+    One FP32 addition does the rounding: ``fl(a + M)`` rounds a to a multiple of ``M * 2**-23``
+    (ties to an even multiple), so M = 2**22 rounds to the 0.5 steps of the grid below 2, 2**23
+    to the 1 steps from 2 to 4 and 2**24 to the 2 steps from 4 to 6. With e = 0, 1, 2 that binade
+    offset, the number of steps k = bits(fl(a + M)) - bits(M) plus 2e is the index. An even k is
+    an even index, so the ties go where the format wants them.
     """
-    d64 = d.to(tl.float64)
-    if AT_LEAST:
-        r = _f32_at_least(d64 * t - d64 * half_ulp)
+    e = tl.maximum((a.to(tl.int32, bitcast=True) >> 23) - 127, 0)
+    magic_bits = (e + 149) << 23
+    steps = (a + magic_bits.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True) - magic_bits
+    return steps + 2 * e
+
+
+@triton.jit
+def div_rn_by_reciprocal(x, d, r):
+    """Correctly rounded ``x / d`` given ``r = RN(1 / d)``, with two FMAs instead of a division.
+
+    Markstein's theorem (Handbook of Floating-Point Arithmetic, 2nd ed., Thm 4.10/4.11): for
+    ``q0 = RN(x * r)`` the remainder ``x - q0 * d`` is exact in FP32 and ``RN(q0 + rem * r)`` is
+    ``RN(x / d)``, barring underflow and overflow (callers keep quotients and remainders in the
+    normal range). Checked here over all 2**23 significands of x for 96 divisors, and against
+    ``div_rn`` by the tests.
+    """
+    q0 = x * r
+    return tl.fma(tl.fma(-q0, d, x), r, q0)
+
+
+@triton.jit
+def _zero_quotient_bound(d):
+    """Bits of the largest FP32 t with ``fl(t / d) == 0``: the largest t <= d * 2**-150 (the tie at
+    2**-150 rounds to 0). That is ``floor(d / 2)`` subnormal steps of 2**-149 for d < 2**24, and
+    the exact normal number ``d * 2**-150`` above; 0x7FFFFFFF for d == 0 (every quotient is 0)."""
+    normal = ((d * 2.0**-75) * 2.0**-75).to(tl.int32, bitcast=True)
+    subnormal = tl.floor(tl.minimum(d, 16777216.0) * 0.5).to(tl.int32)
+    return tl.where(d > 0, tl.where(d < 16777216.0, subnormal, normal), 0x7FFFFFFF)
+
+
+@triton.jit
+def _to_f32(x):
+    """FP32 value of loaded input: BF16 by a bit shift (exact for subnormals also under
+    TRITON_INTERPRET, whose BF16 conversion flushes them; the same instruction on the GPU)."""
+    if x.dtype == tl.bfloat16:
+        return (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
     else:
-        r = _f32_above(d64 * t + d64 * half_ulp)
-    return tl.where(d > 0, r, float("inf"))
+        return x.to(tl.float32)
+
+
+@triton.jit
+def _packed_codes(x, d, r, zero_bound, FAST: tl.constexpr):
+    """Codes of 8 elements per row of x (FP32 ``[BLOCKS, 8]``) packed into one int32 per row
+    (element j in bits 4j..4j+3, so the word's little-endian bytes are the format's byte order)."""
+    if FAST:
+        q = div_rn_by_reciprocal(x, d[:, None], r[:, None])  # 0 where d == 0 (r = 0)
+        # the sign bit is fl(x / d) < 0: x < 0 and |x| above the block's zero-quotient bound, one
+        # unsigned compare of the bits (the sign of q alone can be wrong in the subnormal range)
+        bits = x.to(tl.uint32, bitcast=True)
+        negative = bits > (zero_bound.to(tl.uint32, bitcast=True) | 0x80000000)[:, None]
+    else:
+        has_scale = (d > 0)[:, None]
+        q = tl.where(has_scale, tl.math.div_rn(x, tl.where(has_scale, d[:, None], 1.0)), 0.0)
+        negative = q < 0
+    codes = e2m1_index(tl.minimum(tl.abs(q), 6.0)) + tl.where(negative, 8, 0)
+    return tl.sum(codes << (4 * tl.arange(0, 8))[None, :], axis=1)
 
 
 @triton.jit
 def quantize_kernel(
-    x_ptr, data_ptr, scale_ptr, gs_ptr, flag_ptr, n_blocks, BLOCKS: tl.constexpr, DIVIDE: tl.constexpr
+    x_ptr, words_ptr, scale_ptr, gs_ptr, n_blocks, BLOCKS: tl.constexpr, DIVIDE: tl.constexpr
 ):
-    """BLOCKS 16-element blocks per program: read x once, write codes and E4M3 scales.
+    """BLOCKS 16-element blocks per program, one block per thread: read x once, write the codes (as
+    two int32 words per block) and the E4M3 scale bytes.
 
-    Element codes are decided without dividing: ``e2m1_rne(fl(x / d))`` only depends on which
-    decision points fl(|x| / d) passes, and each such test is equivalent to comparing |x| with a
-    per-block FP32 boundary (see ``_threshold``), so the result is bit-identical to the reference's
-    correctly rounded division. ``DIVIDE=True`` computes ``fl(x / d)`` with ``div_rn`` instead (the
-    literal formula; same bits, kept for comparison in the benchmark).
+    Per block ``s = e4m3_rne(min(amax / fl(6 gs), 448))`` and ``d = s * gs``; per element
+    ``code = e2m1_rne(fl(x / d))``. The divisions are correctly rounded like the reference's: by
+    ``div_rn`` (``DIVIDE=True``, or a global scale outside [2**-90, 2**100], where Markstein's
+    conditions could fail), else by :func:`div_rn_by_reciprocal` with one reciprocal per block
+    (3 instructions per element instead of ~10). A block holding NaN or Inf gets the scale byte
+    0x7F (E4M3 NaN, which no finite block produces): the host checks the scales, not the input.
+    Each block is loaded as two 16-byte halves, so one thread owns it (its amax and scale need
+    no shuffles, and per-block work is not repeated).
     """
     pid = tl.program_id(0)
     first = pid.to(tl.int64) * BLOCKS  # 64-bit offsets through the (scalar) base pointers
     x_ptr += first * 16
-    data_ptr += first * 8
+    words_ptr += first * 2
     scale_ptr += first
-    n_here = n_blocks - first
-    elems = tl.arange(0, BLOCKS * 16)  # a flat, contiguous range: vectorized 16-byte loads
-    x = tl.load(x_ptr + elems, mask=elems < n_here * 16, other=0.0).to(tl.float32)
-    x = tl.reshape(x, [BLOCKS, 16])
-    amax_bits = tl.max(_abs_bits(x), axis=1)  # integer max of |x| bits: the amax, and NaN > Inf > finite
-    tl.store(flag_ptr + pid, tl.max(amax_bits, axis=0))  # NaN/Inf: checked on the host
-    gs = tl.load(gs_ptr)
-    amax = amax_bits.to(tl.float32, bitcast=True)
-    s = tl.minimum(tl.math.div_rn(amax, 6.0 * gs), 448.0)
-    s, s_bits = e4m3_rne(s)
     blocks = tl.arange(0, BLOCKS)
-    tl.store(scale_ptr + blocks, s_bits.to(tl.uint8), mask=blocks < n_here)
-    d = s * gs
+    valid = blocks < n_blocks - first
+    eight = tl.arange(0, 8)
+    rows = x_ptr + blocks[:, None] * 16 + eight[None, :]
+    x_lo = _to_f32(tl.load(rows, mask=valid[:, None], other=0.0))
+    x_hi = _to_f32(tl.load(rows + 8, mask=valid[:, None], other=0.0))
+    # integer max of |x| bits: the amax, with NaN > Inf > finite
+    amax_bits = tl.maximum(tl.max(_abs_bits(x_lo), axis=1), tl.max(_abs_bits(x_hi), axis=1))
+    amax = amax_bits.to(tl.float32, bitcast=True)
+    gs = tl.load(gs_ptr)
+    six_gs = 6.0 * gs
     if DIVIDE:
-        has_scale = d > 0
-        safe = tl.where(has_scale, d, 1.0)
-        q = tl.where(has_scale[:, None], tl.math.div_rn(x, safe[:, None]), 0.0)
-        q_even, q_odd = tl.split(tl.reshape(q, [BLOCKS, 8, 2]))
-        codes_even = e2m1_code(q_even)
-        codes_odd = e2m1_code(q_odd)
+        s = tl.math.div_rn(amax, six_gs)
     else:
-        # decision points of e2m1_code: q > 0.25, q >= 0.75, q > 1.25, q >= 1.75, q > 2.5, q >= 3.5, q > 5
-        c0 = _threshold(d, 0.25, 2.0**-26, False)[:, None]
-        c1 = _threshold(d, 0.75, 2.0**-25, True)[:, None]
-        c2 = _threshold(d, 1.25, 2.0**-24, False)[:, None]
-        c3 = _threshold(d, 1.75, 2.0**-24, True)[:, None]
-        c4 = _threshold(d, 2.5, 2.0**-23, False)[:, None]
-        c5 = _threshold(d, 3.5, 2.0**-23, True)[:, None]
-        c6 = _threshold(d, 5.0, 2.0**-22, False)[:, None]
-        nonzero = _threshold(d, 0.0, 2.0**-150, False)[:, None]  # fl(|x| / d) != 0
-        even, odd = tl.split(tl.reshape(x, [BLOCKS, 8, 2]))
-        codes_even = _e2m1_code_from_thresholds(even, c0, c1, c2, c3, c4, c5, c6, nonzero)
-        codes_odd = _e2m1_code_from_thresholds(odd, c0, c1, c2, c3, c4, c5, c6, nonzero)
-    packed = tl.reshape(codes_even | (codes_odd << 4), [BLOCKS * 8])
-    out = tl.arange(0, BLOCKS * 8)
-    tl.store(data_ptr + out, packed.to(tl.uint8), mask=out < n_here * 8)
-
-
-@triton.jit
-def _e2m1_code_from_thresholds(x, c0, c1, c2, c3, c4, c5, c6, nonzero):
-    """Number of boundaries c0 <= ... <= c6 that |x| reaches (a 3-step binary search), plus the sign."""
-    a = tl.abs(x)
-    upper = a >= c3
-    middle = a >= tl.where(upper, c5, c1)
-    lower = a >= tl.where(upper, tl.where(middle, c6, c4), tl.where(middle, c2, c0))
-    index = upper.to(tl.int32) * 4 + middle.to(tl.int32) * 2 + lower.to(tl.int32)
-    negative = (x < 0) & (a >= nonzero)
-    return index + negative.to(tl.int32) * 8
+        r6 = tl.math.div_rn(1.0, six_gs)  # one correctly rounded reciprocal per program
+        # a quotient >= 1024 clamps to 448 anyway (and keeps overflow out of the remainder)
+        s = tl.where(amax * r6 >= 1024.0, 1024.0, div_rn_by_reciprocal(amax, six_gs, r6))
+    s, s_bits = e4m3_rne(tl.minimum(s, 448.0))
+    tl.store(scale_ptr + blocks, tl.where(amax_bits >= 0x7F800000, 0x7F, s_bits).to(tl.uint8), mask=valid)
+    d = s * gs
+    has_scale = d > 0
+    r = tl.where(has_scale, tl.math.div_rn(1.0, tl.where(has_scale, d, 1.0)), 0.0)
+    zero_bound = _zero_quotient_bound(d)
+    if DIVIDE:
+        word_lo = _packed_codes(x_lo, d, r, zero_bound, False)
+        word_hi = _packed_codes(x_hi, d, r, zero_bound, False)
+    elif (gs >= 2.0**-90) & (gs <= 2.0**100):
+        word_lo = _packed_codes(x_lo, d, r, zero_bound, True)
+        word_hi = _packed_codes(x_hi, d, r, zero_bound, True)
+    else:
+        word_lo = _packed_codes(x_lo, d, r, zero_bound, False)
+        word_hi = _packed_codes(x_hi, d, r, zero_bound, False)
+    words = tl.join(word_lo, word_hi)  # [BLOCKS, 2]: one 8-byte store per block
+    tl.store(words_ptr + blocks[:, None] * 2 + tl.arange(0, 2)[None, :], words, mask=valid[:, None])
 
 
 @triton.jit
@@ -211,52 +218,44 @@ def dequantize_kernel(data_ptr, scale_ptr, gs_ptr, out_ptr, n_blocks, BLOCKS: tl
 
 
 @triton.jit
-def decode_prmt(packed, scale):
-    """Inline-PTX decoder (sm_90+): 4 bytes (8 codes n0..n7) -> two BF16 tensors times the group scale.
+def decode_e2m1_pairs(packed, scale):
+    """Inline-PTX decoder (sm_90+): 4 bytes of ModelOpt codes (k0..k7, code k at bits 4k..4k+3) and
+    the group scale (BF16 of ``s * gs * 2**126``) -> A = (k0, k4, k1, k5), B = (k2, k6, k3, k7) in BF16.
 
-    Output A gets the low nibbles (n0, n2, n4, n6: the even elements), B the high nibbles (odd
-    elements), in order, as ``e2m1_value`` would. Magnitudes come from two 8-entry byte tables (the
-    low and high byte of each BF16 value) looked up by ``prmt``; sign bits are moved into place by
-    ``prmt`` too; ``mul.rn.bf16x2`` applies the scale. About 4 instructions per element.
+    Each BF16x2 register takes codes k and k+4, which sit 16 bits apart, so one shift puts both
+    magnitudes (3 bits) at bits 6-8 and 22-24 and one shift both signs at 15 and 31: that is the
+    BF16 number ``e2m1(code) * 2**-126`` (the zero and 0.5 codes come out as zero and a subnormal),
+    and ``mul.rn.bf16x2`` by the scale, which carries the ``2**126``, gives the weight. Four
+    instructions per register (three for the last), five per two weights with the multiply; the
+    caller feeds the activations in the matching order (k is permuted within each 8).
     """
     return tl.inline_asm_elementwise(
         asm="""
         {
-        .reg .b32 ie, io, se, so, r4, t, r_le, r_he, r_lo, r_ho, m0, m1, m2, m3, tla, tlb, tha, thb;
-        mov.b32 tla, 0xC0800000;
-        mov.b32 tlb, 0xC0804000;
-        mov.b32 tha, 0x3F3F3F00;
-        mov.b32 thb, 0x40404040;
-        and.b32 ie, $4, 0x07070707;
-        shr.b32 io, $4, 4;
-        and.b32 io, io, 0x07070707;
-        shr.b32 t, ie, 4;
-        or.b32 ie, ie, t;
-        prmt.b32 se, ie, 0, 0x0020;
-        shr.b32 t, io, 4;
-        or.b32 io, io, t;
-        prmt.b32 so, io, 0, 0x0020;
-        prmt.b32 r_le, tla, tlb, se;
-        prmt.b32 r_he, tha, thb, se;
-        prmt.b32 r_lo, tla, tlb, so;
-        prmt.b32 r_ho, tha, thb, so;
-        prmt.b32 m0, r_le, r_he, 0x5140;
-        prmt.b32 m1, r_le, r_he, 0x7362;
-        prmt.b32 m2, r_lo, r_ho, 0x5140;
-        prmt.b32 m3, r_lo, r_ho, 0x7362;
-        shl.b32 r4, $4, 4;
-        prmt.b32 t, r4, 0, 0x1404;
-        lop3.b32 m0, m0, 0x80008000, t, 0xf8;
-        prmt.b32 t, r4, 0, 0x3424;
-        lop3.b32 m1, m1, 0x80008000, t, 0xf8;
-        prmt.b32 t, $4, 0, 0x1404;
-        lop3.b32 m2, m2, 0x80008000, t, 0xf8;
-        prmt.b32 t, $4, 0, 0x3424;
-        lop3.b32 m3, m3, 0x80008000, t, 0xf8;
-        mul.rn.bf16x2 $0, m0, $5;
-        mul.rn.bf16x2 $1, m1, $5;
-        mul.rn.bf16x2 $2, m2, $5;
-        mul.rn.bf16x2 $3, m3, $5;
+        .reg .b32 m, s, r;
+        shl.b32 m, $4, 6;
+        shl.b32 s, $4, 12;
+        and.b32 s, s, 0x80008000;
+        and.b32 m, m, 0x01C001C0;
+        or.b32 r, m, s;
+        mul.rn.bf16x2 $0, r, $5;
+        shl.b32 m, $4, 2;
+        shl.b32 s, $4, 8;
+        and.b32 s, s, 0x80008000;
+        and.b32 m, m, 0x01C001C0;
+        or.b32 r, m, s;
+        mul.rn.bf16x2 $1, r, $5;
+        shr.b32 m, $4, 2;
+        shl.b32 s, $4, 4;
+        and.b32 s, s, 0x80008000;
+        and.b32 m, m, 0x01C001C0;
+        or.b32 r, m, s;
+        mul.rn.bf16x2 $2, r, $5;
+        shr.b32 m, $4, 6;
+        and.b32 s, $4, 0x80008000;
+        and.b32 m, m, 0x01C001C0;
+        or.b32 r, m, s;
+        mul.rn.bf16x2 $3, r, $5;
         }
         """,
         constraints="=r,=r,=r,=r,r,r,r",
@@ -265,6 +264,41 @@ def decode_prmt(packed, scale):
         is_pure=True,
         pack=4,
     )
+
+
+@triton.jit
+def _w4a16_k_tile(x, packed, scale_bytes, gs, ASM: tl.constexpr, INTERPRET: tl.constexpr, acc):
+    """acc += x[BM, BK] @ W^T for one K tile of packed codes [BN, G, 8] and E4M3 scale bytes [BN, G].
+
+    Two ``tl.dot`` over halves of the tile: the asm decoder's A and B outputs against the matching
+    activation columns (k = 8w + 4a + 2b + c: A is b = 0 in (c, a) order, B is b = 1), or the even
+    and odd elements for the pure-Triton decoder (bit-identical weights to ``dequantize``).
+    """
+    BM: tl.constexpr = x.shape[0]
+    BK: tl.constexpr = x.shape[1]
+    BN: tl.constexpr = packed.shape[0]
+    if ASM:
+        scale = (e4m3_decode(scale_bytes) * (gs * 2.0**126)).to(tl.bfloat16)
+        w_a, w_b = decode_e2m1_pairs(packed, scale[:, :, None])
+        x = tl.permute(tl.reshape(x, [BM, BK // 8, 2, 2, 2]), [0, 1, 4, 2, 3])
+        x_a, x_b = tl.split(tl.reshape(x, [BM, BK // 8, 4, 2]))
+    else:
+        scale = e4m3_decode(scale_bytes) * gs
+        packed = packed.to(tl.int32)
+        w_a = to_bf16_rne(e2m1_value(packed & 15) * scale[:, :, None])
+        w_b = to_bf16_rne(e2m1_value(packed >> 4) * scale[:, :, None])
+        x_a, x_b = tl.split(tl.reshape(x, [BM, BK // 2, 2]))
+    w_a = tl.reshape(w_a, [BN, BK // 2])
+    w_b = tl.reshape(w_b, [BN, BK // 2])
+    x_a = tl.reshape(x_a, [BM, BK // 2])
+    x_b = tl.reshape(x_b, [BM, BK // 2])
+    if INTERPRET:  # the interpreter's BF16 dot is wrong; FP32 products of BF16 values are exact
+        acc = tl.dot(x_a.to(tl.float32), tl.trans(w_a.to(tl.float32)), acc)
+        acc = tl.dot(x_b.to(tl.float32), tl.trans(w_b.to(tl.float32)), acc)
+    else:
+        acc = tl.dot(x_a, tl.trans(w_a), acc)
+        acc = tl.dot(x_b, tl.trans(w_b), acc)
+    return acc
 
 
 @triton.jit
@@ -291,11 +325,15 @@ def w4a16_kernel(
     HAS_BIAS: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
-    """out[M, N] = x[M, K] @ dequantize(W)[N, K]^T (+ bias), W streamed as packed NVFP4.
+    """out[M, N] = x[M, K] @ dequantize(W)[N, K]^T (+ bias), W streamed as packed NVFP4 bytes.
 
+    The decoded weights stay in registers: Triton loads the packed bytes straight into the
+    dot-operand layout (no shared-memory round trip for them). The asm decoder needs the group
+    scale times 2**126 in BF16: when the global scale is too large for that (``s * gs`` could
+    reach 2, i.e. weights beyond ~12), the program takes the pure-Triton decoder instead.
     Grid: (M tiles x N tiles, SPLIT). With SPLIT > 1 each program writes an FP32 partial; the last
     program to finish an output tile (an atomic counter, reset afterwards) adds the partials in
-    split order (deterministic) and writes the BF16 result: one launch.
+    split order (deterministic) and writes the result: one launch.
     """
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -308,43 +346,30 @@ def w4a16_kernel(
     n_mask = offs_n < N
     G: tl.constexpr = BK // 16
     group = tl.arange(0, G)
-    byte = tl.arange(0, 8)
-    kk = tl.arange(0, BK)
-    half_k = K // 2
     k_groups = K // 16
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None, None] * (K // 2) + group[None, :, None] * 8
+    w_rows += tl.arange(0, 8)[None, None, :]
+    s_rows = s_ptr + offs_n.to(tl.int64)[:, None] * k_groups + group[None, :]
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + tl.arange(0, BK)[None, :]
     gs = tl.load(gs_ptr)
-    w_rows = w_ptr + offs_n.to(tl.int64)[:, None, None] * half_k
-    s_rows = s_ptr + offs_n.to(tl.int64)[:, None] * k_groups
-    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     first = pid_k * tiles_per_split
-    for tile in range(first, first + tiles_per_split):
-        g = tile * G + group
-        g_mask = g < k_groups
-        packed = tl.load(
-            w_rows + (g[None, :, None] * 8 + byte[None, None, :]),
-            mask=n_mask[:, None, None] & g_mask[None, :, None],
-            other=0,
-        )
-        scale_bytes = tl.load(s_rows + g[None, :], mask=n_mask[:, None] & g_mask[None, :], other=0)
-        scale = e4m3_decode(scale_bytes) * gs
-        if USE_ASM:
-            w_even, w_odd = decode_prmt(packed, scale.to(tl.bfloat16)[:, :, None])
-        else:
-            packed = packed.to(tl.int32)
-            w_even = to_bf16_rne(e2m1_value(packed & 15) * scale[:, :, None])
-            w_odd = to_bf16_rne(e2m1_value(packed >> 4) * scale[:, :, None])
-        w_even = tl.reshape(w_even, [BN, BK // 2])
-        w_odd = tl.reshape(w_odd, [BN, BK // 2])
-        k = tile * BK + kk
-        x = tl.load(x_rows + k[None, :], mask=m_mask[:, None] & (k < K)[None, :], other=0.0)
-        x_even, x_odd = tl.split(tl.reshape(x, [BM, BK // 2, 2]))
-        if INTERPRET:  # the interpreter's BF16 dot is wrong; FP32 products of BF16 values are exact
-            acc = tl.dot(x_even.to(tl.float32), tl.trans(w_even.to(tl.float32)), acc)
-            acc = tl.dot(x_odd.to(tl.float32), tl.trans(w_odd.to(tl.float32)), acc)
-        else:
-            acc = tl.dot(x_even, tl.trans(w_even), acc)
-            acc = tl.dot(x_odd, tl.trans(w_odd), acc)
+    if USE_ASM and gs < 2.0 / 448.0:
+        for tile in range(first, first + tiles_per_split):
+            g_mask = n_mask[:, None] & (tile * G + group < k_groups)[None, :]
+            packed = tl.load(w_rows + tile * (BK // 2), mask=g_mask[:, :, None], other=0)
+            scale_bytes = tl.load(s_rows + tile * G, mask=g_mask, other=0)
+            k_mask = m_mask[:, None] & (tile * BK + tl.arange(0, BK) < K)[None, :]
+            x = tl.load(x_rows + tile * BK, mask=k_mask, other=0.0)
+            acc = _w4a16_k_tile(x, packed, scale_bytes, gs, True, INTERPRET, acc)
+    else:
+        for tile in range(first, first + tiles_per_split):
+            g_mask = n_mask[:, None] & (tile * G + group < k_groups)[None, :]
+            packed = tl.load(w_rows + tile * (BK // 2), mask=g_mask[:, :, None], other=0)
+            scale_bytes = tl.load(s_rows + tile * G, mask=g_mask, other=0)
+            k_mask = m_mask[:, None] & (tile * BK + tl.arange(0, BK) < K)[None, :]
+            x = tl.load(x_rows + tile * BK, mask=k_mask, other=0.0)
+            acc = _w4a16_k_tile(x, packed, scale_bytes, gs, False, INTERPRET, acc)
     out_mask = m_mask[:, None] & n_mask[None, :]
     tile_offs = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
     if SPLIT > 1:

@@ -114,16 +114,16 @@ def quantize_triton(
     blocks_per_program: int = QUANTIZE_BLOCKS,
     num_warps: int = 4,
     check_finite: bool = True,
-    divide: bool = True,
+    divide: bool = False,
 ) -> NVFP4Tensor:
     """Triton NVFP4 quantization, bit-identical to :func:`~slime_gb10.nvfp4.format.quantize_reference`.
 
-    With ``global_scale=None`` a first pass computes the amax (and checks for NaN/Inf); the
-    quantize pass always records max |x| too, so bad values raise ``ValueError`` either way
-    (one host sync per call). ``check_finite=False`` (with a given ``global_scale``) skips that check
-    and its sync, e.g. inside a CUDA graph; NaN/Inf input then gives unspecified codes.
-    ``divide=False`` selects the division-free variant (per-block FP32 decision boundaries; same
-    bits, but slower on the H100: its FP64/conversion work per block costs more than it saves).
+    With ``global_scale=None`` a first pass computes the amax (and checks for NaN/Inf). With a
+    given scale, one pass: blocks holding NaN/Inf get the scale byte 0x7F (E4M3 NaN, never
+    produced for finite blocks), and ``check_finite`` looks for it in the scales (1/32 of the
+    input's bytes; one host sync) and raises ``ValueError``. ``check_finite=False`` skips that,
+    e.g. inside a CUDA graph: NaN/Inf input then leaves NaN scales. ``divide=True`` selects the
+    literal variant (a correctly rounded division per element, same bits, slower).
     """
     check_quantizable(x)
     _check_device(x)
@@ -144,21 +144,18 @@ def quantize_triton(
         gs = as_global_scale(global_scale, x.device)
     gs = gs.reshape(1).contiguous()
     if n_blocks:
-        programs = -(-n_blocks // blocks_per_program)
-        flag = torch.empty(programs, dtype=torch.int32, device=x.device)
-        _kernels()["quantize"][(programs,)](
+        _kernels()["quantize"][(-(-n_blocks // blocks_per_program),)](
             flat,
-            data,
+            data.view(torch.int32),  # two int32 words of codes per block (K/2 bytes: a multiple of 8)
             scale,
             gs,
-            flag,
             n_blocks,
             BLOCKS=blocks_per_program,
             DIVIDE=divide,
             num_warps=num_warps,
         )
-        if global_scale is not None and check_finite:
-            _raise_if_not_finite(int(flag.max()), x)
+        if global_scale is not None and check_finite and bool(((scale & 0x7F) == 0x7F).any()):
+            _raise_if_not_finite(0x7F800000, x)
     return NVFP4Tensor(data, scale.view(torch.float8_e4m3fn), gs.reshape(()), shape, dtype)
 
 
