@@ -220,14 +220,15 @@ def dequantize_kernel(data_ptr, scale_ptr, gs_ptr, out_ptr, n_blocks, BLOCKS: tl
 @triton.jit
 def decode_e2m1_pairs(packed, scale):
     """Inline-PTX decoder (sm_90+): 4 bytes of ModelOpt codes (k0..k7, code k at bits 4k..4k+3) and
-    the group scale (BF16 of ``s * gs * 2**126``) -> A = (k0, k4, k1, k5), B = (k2, k6, k3, k7) in BF16.
+    the group scale as BF16 ``s * 2**119`` -> A = (k0, k4, k1, k5), B = (k2, k6, k3, k7) in BF16.
 
     Each BF16x2 register takes codes k and k+4, which sit 16 bits apart, so one shift puts both
     magnitudes (3 bits) at bits 6-8 and 22-24 and one shift both signs at 15 and 31: that is the
     BF16 number ``e2m1(code) * 2**-126`` (the zero and 0.5 codes come out as zero and a subnormal),
-    and ``mul.rn.bf16x2`` by the scale, which carries the ``2**126``, gives the weight. Four
-    instructions per register (three for the last), five per two weights with the multiply; the
-    caller feeds the activations in the matching order (k is permuted within each 8).
+    and ``mul.rn.bf16x2`` by the scale gives ``e2m1(code) * s * 2**-7``, exactly (2 + 4 significant
+    bits). Four instructions per register (three for the last), five per two weights with the
+    multiply; the caller feeds the activations in the matching order (k permuted within each 8)
+    and multiplies the FP32 result by ``global_scale * 2**7``.
     """
     return tl.inline_asm_elementwise(
         asm="""
@@ -267,26 +268,33 @@ def decode_e2m1_pairs(packed, scale):
 
 
 @triton.jit
-def _w4a16_k_tile(x, packed, scale_bytes, gs, ASM: tl.constexpr, INTERPRET: tl.constexpr, acc):
-    """acc += x[BM, BK] @ W^T for one K tile of packed codes [BN, G, 8] and E4M3 scale bytes [BN, G].
+def scale_code_to_bf16(code):
+    """BF16 ``s * 2**119`` from the kernel's scale byte (see ``kernels.w4a16_scale_codes``): every
+    E4M3 value times 2**119 is a BF16 number with a biased exponent in 237..254 and 3 mantissa
+    bits, stored as ``(exponent - 237) << 3 | mantissa``; one shift-and-add gives its bits."""
+    return ((code.to(tl.int32) << 4) + (237 << 7)).to(tl.int16).to(tl.bfloat16, bitcast=True)
 
-    Two ``tl.dot`` over halves of the tile: the asm decoder's A and B outputs against the matching
-    activation columns (k = 8w + 4a + 2b + c: A is b = 0 in (c, a) order, B is b = 1), or the even
-    and odd elements for the pure-Triton decoder (bit-identical weights to ``dequantize``).
+
+@triton.jit
+def _w4a16_k_tile(x, packed, scale_codes, ASM: tl.constexpr, INTERPRET: tl.constexpr, acc):
+    """acc += x[BM, BK] @ (W * 2**-7 / gs)^T for one K tile of packed codes [BN, G, 8] and scale
+    codes [BN, G]: two ``tl.dot`` over halves of the tile, the asm decoder's A and B outputs against
+    the matching activation columns (k = 8w + 4a + 2b + c: A is b = 0 in (c, a) order, B is b = 1),
+    or the even and odd elements for the pure-Triton decoder (same weights, exact either way).
     """
     BM: tl.constexpr = x.shape[0]
     BK: tl.constexpr = x.shape[1]
     BN: tl.constexpr = packed.shape[0]
+    scale = scale_code_to_bf16(scale_codes)
     if ASM:
-        scale = (e4m3_decode(scale_bytes) * (gs * 2.0**126)).to(tl.bfloat16)
         w_a, w_b = decode_e2m1_pairs(packed, scale[:, :, None])
         x = tl.permute(tl.reshape(x, [BM, BK // 8, 2, 2, 2]), [0, 1, 4, 2, 3])
         x_a, x_b = tl.split(tl.reshape(x, [BM, BK // 8, 4, 2]))
     else:
-        scale = e4m3_decode(scale_bytes) * gs
+        scale = scale.to(tl.float32)[:, :, None] * 2.0**-126
         packed = packed.to(tl.int32)
-        w_a = to_bf16_rne(e2m1_value(packed & 15) * scale[:, :, None])
-        w_b = to_bf16_rne(e2m1_value(packed >> 4) * scale[:, :, None])
+        w_a = (e2m1_value(packed & 15) * scale).to(tl.bfloat16)  # exact: 6 significant bits
+        w_b = (e2m1_value(packed >> 4) * scale).to(tl.bfloat16)
         x_a, x_b = tl.split(tl.reshape(x, [BM, BK // 2, 2]))
     w_a = tl.reshape(w_a, [BN, BK // 2])
     w_b = tl.reshape(w_b, [BN, BK // 2])
@@ -324,13 +332,14 @@ def w4a16_kernel(
     USE_ASM: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     INTERPRET: tl.constexpr,
+    EVEN: tl.constexpr,
+    GROUP_MAJOR: tl.constexpr = False,
 ):
     """out[M, N] = x[M, K] @ dequantize(W)[N, K]^T (+ bias), W streamed as packed NVFP4 bytes.
 
-    The decoded weights stay in registers: Triton loads the packed bytes straight into the
-    dot-operand layout (no shared-memory round trip for them). The asm decoder needs the group
-    scale times 2**126 in BF16: when the global scale is too large for that (``s * gs`` could
-    reach 2, i.e. weights beyond ~12), the program takes the pure-Triton decoder instead.
+    ``s_ptr``: one scale code byte per 16 weights (``kernels.w4a16_scale_codes``). Decoded weights
+    are exact (``e2m1 * s * 2**-7``, no rounding) and stay in registers: Triton loads the packed
+    bytes straight into the dot-operand layout. The FP32 result is multiplied by ``gs * 2**7``.
     Grid: (M tiles x N tiles, SPLIT). With SPLIT > 1 each program writes an FP32 partial; the last
     program to finish an output tile (an atomic counter, reset afterwards) adds the partials in
     split order (deterministic) and writes the result: one launch.
@@ -347,29 +356,38 @@ def w4a16_kernel(
     G: tl.constexpr = BK // 16
     group = tl.arange(0, G)
     k_groups = K // 16
-    w_rows = w_ptr + offs_n.to(tl.int64)[:, None, None] * (K // 2) + group[None, :, None] * 8
-    w_rows += tl.arange(0, 8)[None, None, :]
+    if GROUP_MAJOR:  # [G, BN, 8]: the staged tile is laid out group by group (see the loads)
+        w_rows = w_ptr + offs_n.to(tl.int64)[None, :, None] * (K // 2) + group[:, None, None] * 8
+        w_rows += tl.arange(0, 8)[None, None, :]
+    else:
+        w_rows = w_ptr + offs_n.to(tl.int64)[:, None, None] * (K // 2) + group[None, :, None] * 8
+        w_rows += tl.arange(0, 8)[None, None, :]
     s_rows = s_ptr + offs_n.to(tl.int64)[:, None] * k_groups + group[None, :]
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + tl.arange(0, BK)[None, :]
-    gs = tl.load(gs_ptr)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     first = pid_k * tiles_per_split
-    if USE_ASM and gs < 2.0 / 448.0:
+    if EVEN:  # N % BN == 0 and K % (BK * tiles_per_split) == 0: no bounds checks on the stream
+        # The scale bytes are loaded one K tile ahead, by hand: Triton's pipeliner prefetches the
+        # codes and activations (cp.async) but not these 1-byte loads. (Prefetching the codes by
+        # hand as well moves the decode off the dot-operand layout: worse, see NOTES.md.)
+        next_codes = tl.load(s_rows + first * G)
         for tile in range(first, first + tiles_per_split):
-            g_mask = n_mask[:, None] & (tile * G + group < k_groups)[None, :]
-            packed = tl.load(w_rows + tile * (BK // 2), mask=g_mask[:, :, None], other=0)
-            scale_bytes = tl.load(s_rows + tile * G, mask=g_mask, other=0)
-            k_mask = m_mask[:, None] & (tile * BK + tl.arange(0, BK) < K)[None, :]
-            x = tl.load(x_rows + tile * BK, mask=k_mask, other=0.0)
-            acc = _w4a16_k_tile(x, packed, scale_bytes, gs, True, INTERPRET, acc)
+            scale_codes = next_codes
+            next_codes = tl.load(s_rows + tl.minimum(tile + 1, first + tiles_per_split - 1) * G)
+            packed = tl.load(w_rows + tile * (BK // 2))
+            if GROUP_MAJOR:
+                packed = tl.permute(packed, [1, 0, 2])
+            x = tl.load(x_rows + tile * BK, mask=m_mask[:, None], other=0.0)
+            acc = _w4a16_k_tile(x, packed, scale_codes, USE_ASM, INTERPRET, acc)
     else:
         for tile in range(first, first + tiles_per_split):
             g_mask = n_mask[:, None] & (tile * G + group < k_groups)[None, :]
             packed = tl.load(w_rows + tile * (BK // 2), mask=g_mask[:, :, None], other=0)
-            scale_bytes = tl.load(s_rows + tile * G, mask=g_mask, other=0)
+            scale_codes = tl.load(s_rows + tile * G, mask=g_mask, other=0)
             k_mask = m_mask[:, None] & (tile * BK + tl.arange(0, BK) < K)[None, :]
             x = tl.load(x_rows + tile * BK, mask=k_mask, other=0.0)
-            acc = _w4a16_k_tile(x, packed, scale_bytes, gs, False, INTERPRET, acc)
+            acc = _w4a16_k_tile(x, packed, scale_codes, USE_ASM, INTERPRET, acc)
+    out_scale = tl.load(gs_ptr) * 128.0
     out_mask = m_mask[:, None] & n_mask[None, :]
     tile_offs = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
     if SPLIT > 1:
@@ -381,11 +399,13 @@ def w4a16_kernel(
                 acc += tl.load(
                     partial_ptr + s * MN + tile_offs, mask=out_mask, other=0.0, cache_modifier=".cg"
                 )
+            acc *= out_scale
             if HAS_BIAS:
                 acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
             tl.store(out_ptr + tile_offs, to_output(acc, out_ptr.dtype.element_ty), mask=out_mask)
             tl.atomic_xchg(counter_ptr + pid, 0)  # ready for the next call
     else:
+        acc *= out_scale
         if HAS_BIAS:
             acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         tl.store(out_ptr + tile_offs, to_output(acc, out_ptr.dtype.element_ty), mask=out_mask)

@@ -28,14 +28,32 @@ M_VALUES = (1, 4, 16, 64, 256, 1024, 4096)
 NK_SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336), (896, 4864))
 QUANTIZE_SHAPES = ((8192, 16384), (16384, 32768))  # 256 MiB and 1 GiB of BF16
 
-#: Tile configurations tried for the fused kernel (the bench keeps the fastest per shape).
+#: Tile configurations tried for the fused kernel (the bench keeps the fastest per shape), by M.
+#: ``programs_per_sm`` sets split-K: the split that gives about that many programs per SM.
 SMALL_M_CONFIGS = (
-    {"BN": 64, "BK": 256, "num_warps": 4, "num_stages": 3, "programs_per_sm": 2},
-    {"BN": 64, "BK": 128, "num_warps": 4, "num_stages": 2, "programs_per_sm": 8},
-    {"BN": 64, "BK": 256, "num_warps": 8, "num_stages": 2, "programs_per_sm": 4},
-    {"BN": 32, "BK": 128, "num_warps": 4, "num_stages": 3, "programs_per_sm": 8},
-    {"BN": 128, "BK": 128, "num_warps": 8, "num_stages": 3, "programs_per_sm": 4},
+    {"BN": 64, "BK": 128, "num_warps": 4, "num_stages": 1, "programs_per_sm": 4},
+    {"BN": 128, "BK": 128, "num_warps": 4, "num_stages": 1, "programs_per_sm": 4, "maxnreg": 128},
+    {"BN": 64, "BK": 64, "num_warps": 4, "num_stages": 1, "programs_per_sm": 4},
+    {"BN": 128, "BK": 64, "num_warps": 4, "num_stages": 1, "programs_per_sm": 4, "maxnreg": 128},
+    {"BN": 128, "BK": 128, "num_warps": 4, "num_stages": 3, "programs_per_sm": 4},
+    {"BN": 64, "BK": 128, "num_warps": 4, "num_stages": 3, "programs_per_sm": 8},
 )
+MEDIUM_M_CONFIGS = (
+    {"BM": 32, "BN": 128, "BK": 128, "num_warps": 4, "num_stages": 3, "programs_per_sm": 2},
+    {"BM": 64, "BN": 128, "BK": 128, "num_warps": 4, "num_stages": 3, "programs_per_sm": 2},
+    {"BM": 64, "BN": 128, "BK": 64, "num_warps": 4, "num_stages": 4, "programs_per_sm": 2},
+    {"BM": 64, "BN": 64, "BK": 128, "num_warps": 4, "num_stages": 3, "programs_per_sm": 4},
+)
+LARGE_M_CONFIGS = (
+    {"BM": 128, "BN": 128, "BK": 64, "num_warps": 8, "num_stages": 3, "programs_per_sm": 1},
+    {"BM": 128, "BN": 128, "BK": 128, "num_warps": 8, "num_stages": 3, "programs_per_sm": 1},
+    {"BM": 64, "BN": 128, "BK": 128, "num_warps": 4, "num_stages": 3, "programs_per_sm": 1},
+    {"BM": 128, "BN": 256, "BK": 64, "num_warps": 8, "num_stages": 3, "programs_per_sm": 1},
+)
+
+
+def config_pool(m: int) -> tuple[dict, ...]:
+    return SMALL_M_CONFIGS if m <= 16 else MEDIUM_M_CONFIGS if m <= 256 else LARGE_M_CONFIGS
 
 
 def _bench(fn, warmup_ms: int = 25, rep_ms: int = 100) -> float:
@@ -176,6 +194,7 @@ def bench_w4a16(
             NVFP4Tensor(q.data.clone(), q.scale.clone(), q.global_scale.clone(), q.shape, q.dtype)
             for _ in range(n_q - 1)
         ]
+        ps = [kernels.prepare_w4a16(one) for one in qs]  # as NVFP4Linear keeps them
         n_w = _copies(w.numel() * 2)
         ws = [w] + [w.clone() for _ in range(n_w - 1)]
         reps = 2 * max(n_q, n_w)
@@ -195,13 +214,16 @@ def bench_w4a16(
                 reps,
             )
             t_auto = graph_time(
-                [lambda i=i, xs=xs, qs=qs: kernels.w4a16_linear(xs[i % 2], qs[i]) for i in range(n_q)], reps
+                [
+                    lambda i=i, xs=xs, qs=qs, ps=ps: kernels.w4a16_linear(xs[i % 2], qs[i], prepared=ps[i])
+                    for i in range(n_q)
+                ],
+                reps,
             )
             default = kernels.w4a16_config(m, n, k, sms)
-            candidates = [(default, True)] + ([(default, False)] if m <= 32 else [])
-            if tune and m <= 32:  # above, the fused kernel is not used (FUSED_MAX_M): time the default only
-                pool = SMALL_M_CONFIGS
-                for extra in pool:
+            candidates = [(default, True), (default, False)]
+            if tune:
+                for extra in config_pool(m):
                     cfg = {**default, **extra}
                     per_sm = cfg.pop("programs_per_sm", 2)
                     k_tiles = -(-k // cfg["BK"])
@@ -214,15 +236,15 @@ def bench_w4a16(
                 if k % cfg["BK"]:
                     continue
                 try:
-                    out = kernels.w4a16_matmul(xs[0], q, config=cfg, use_asm=asm)
+                    out = kernels.w4a16_matmul(xs[0], ps[0], config=cfg, use_asm=asm)
                     err = float((out.float() - ref).norm() / ref.norm())
                     if not err < 2e-2:
                         errors.append(f"asm={asm} {cfg}: rel err {err:.3g}")
                         continue
                     t = graph_time(
                         [
-                            lambda i=i, cfg=cfg, asm=asm, xs=xs, qs=qs: kernels.w4a16_matmul(
-                                xs[i % 2], qs[i], config=cfg, use_asm=asm
+                            lambda i=i, cfg=cfg, asm=asm, xs=xs, ps=ps: kernels.w4a16_matmul(
+                                xs[i % 2], ps[i], config=cfg, use_asm=asm
                             )
                             for i in range(n_q)
                         ],

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 
 import torch
 
@@ -210,20 +211,85 @@ def _sm_count(device: torch.device) -> int:
     return _sm_count_of(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def w4a16_config(M: int, N: int, K: int, sm_count: int) -> dict:
-    """Tile sizes and split-K for the fused kernel.
+#: Scale code of a zero block scale: BF16 bits 0x8000 (-0.0) under ``scale_code_to_bf16``, so a
+#: zero-scale block decodes to zeros whatever its codes (codes 0..143 are the E4M3 values).
+ZERO_SCALE_CODE = 152
 
-    Small M is a weight stream: many small programs (split-K up to ~8 per SM, BK=128 so a program
-    needs little shared memory and several fit on an SM) keep enough loads and decode work in
-    flight. Measured on the H100 (BENCHMARKS.md); GB10 has 48 SMs, which the split accounts for.
+
+def w4a16_scale_codes(scale: torch.Tensor) -> torch.Tensor:
+    """E4M3 block scales -> the fused kernel's scale bytes (same size, exact, lossless).
+
+    ``s * 2**119`` is a BF16 number for every E4M3 value s > 0 (exponent field 237..254, 3 mantissa
+    bits); the code is ``(bits - (237 << 7)) >> 4``, which the kernel turns back into BF16 with one
+    shift-and-add (the E4M3 subnormals would need a branch there; here they are just numbers).
     """
-    BM = 16 if M <= 16 else 32 if M <= 32 else 64
-    BN = 64 if M <= 32 else 128
+    s = scale.view(torch.float8_e4m3fn).to(torch.float32)
+    if not bool(((s >= 0) & torch.isfinite(s)).all()):
+        raise ValueError(
+            "NVFP4 block scales must be finite and >= 0 (E4M3 bytes 0x00-0x7E); this weight has "
+            "negative or NaN scales: re-quantize it"
+        )
+    bits = (s * 2.0**119).to(torch.bfloat16).view(torch.int16).to(torch.int32)
+    codes = (bits - (237 << 7)) >> 4
+    return torch.where(s > 0, codes, ZERO_SCALE_CODE).to(torch.uint8)
+
+
+@dataclass(frozen=True)
+class W4A16Weight:
+    """An NVFP4 weight prepared for the fused kernel (:func:`prepare_w4a16`): the packed codes as
+    they are (ModelOpt layout, not copied), one scale code byte per 16 weights, the global scale."""
+
+    data: torch.Tensor
+    scale_codes: torch.Tensor
+    global_scale: torch.Tensor
+    shape: torch.Size
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() + self.scale_codes.numel() + 4
+
+
+def prepare_w4a16(w: NVFP4Tensor) -> W4A16Weight:
+    """Prepare ``w`` (``[N, K]``) for :func:`w4a16_matmul`: one pass over its scales (1/32 of its
+    bytes) and a host sync; keep the result (``NVFP4Linear`` does) rather than preparing per call."""
+    if len(w.shape) != 2:
+        raise ValueError(f"the fused W4A16 kernel takes a 2-D weight [N, K], got shape {tuple(w.shape)}")
+    return W4A16Weight(
+        w.data.contiguous(),
+        w4a16_scale_codes(w.scale.contiguous()),
+        w.global_scale.to(torch.float32).reshape(1).contiguous(),
+        w.shape,
+    )
+
+
+def w4a16_config(M: int, N: int, K: int, sm_count: int) -> dict:
+    """Tile sizes and split-K for the fused kernel, from the H100 tuning runs (NOTES.md).
+
+    Small M is a weight stream: BM=16 (one MMA row block), BK=128, split-K for about 4 programs per
+    SM, no cp.async staging (``num_stages=1``: the staged codes were read back from shared memory
+    with heavy bank conflicts) and a register cap that lets 4 programs share an SM. GB10 has 48 SMs,
+    which the split accounts for; its best tiles are not measured (no GB10 here).
+    """
     BK = 128 if K % 128 == 0 else 64 if K % 64 == 0 else 32
     k_tiles = -(-K // BK)
-    tiles = -(-M // BM) * -(-N // BN)
-    split = max(1, min(k_tiles, (8 * sm_count) // max(tiles, 1), 32))
-    return {"BM": BM, "BN": BN, "BK": BK, "split": split, "num_warps": 4, "num_stages": 3}
+    if M <= 16:
+        BN = 128 if N >= 8192 else 64
+        tiles = -(-N // BN)
+        split = max(1, min(k_tiles, (4 * sm_count) // max(tiles, 1), 32))
+        cfg = {"BM": 16, "BN": BN, "BK": BK, "split": split, "num_warps": 4, "num_stages": 1}
+        if BN == 128:
+            cfg["maxnreg"] = 128
+        return cfg
+    BM = 32 if M <= 32 else 64
+    tiles = -(-M // BM) * -(-N // 128)
+    split = max(1, min(k_tiles, (2 * sm_count) // max(tiles, 1), 32))
+    return {"BM": BM, "BN": 128, "BK": BK, "split": split, "num_warps": 4, "num_stages": 3}
+
+
+def fused_is_faster(M: int, N: int, K: int) -> bool:
+    """Whether :func:`w4a16_linear` takes the fused kernel: measured crossover on the H100 (the
+    fused kernel beats dequantize + cuBLAS up to M=16, and up to M=64 on large weights)."""
+    return M <= FUSED_MAX_M or (M <= 64 and N * K >= 1 << 25)
 
 
 _COUNTERS: dict[tuple, torch.Tensor] = {}
@@ -243,7 +309,7 @@ def _split_counters(device: torch.device, n: int) -> torch.Tensor:
 
 def w4a16_matmul(
     x: torch.Tensor,
-    w: NVFP4Tensor,
+    w: NVFP4Tensor | W4A16Weight,
     bias: torch.Tensor | None = None,
     *,
     config: dict | None = None,
@@ -252,13 +318,17 @@ def w4a16_matmul(
 ) -> torch.Tensor:
     """``x @ dequantize(w)^T (+ bias)`` with the fused Triton kernel. x: BF16 ``[..., K]``; w: ``[N, K]``.
 
-    ``config`` overrides :func:`w4a16_config` (keys BM, BN, BK, split, num_warps, num_stages);
+    ``w`` is best a :class:`W4A16Weight` (:func:`prepare_w4a16`, once); an :class:`NVFP4Tensor` is
+    prepared on every call (a pass over its scales and a host sync). ``config`` overrides
+    :func:`w4a16_config` (keys BM, BN, BK, split, num_warps, num_stages, optional maxnreg);
     ``use_asm`` forces the decoder (default: the inline-PTX one on sm_90+); ``out`` is an optional
     contiguous BF16 ``[M, N]`` output buffer. One kernel launch (split-K reduces in-kernel, using
     per-device-and-stream tile counters that the kernel resets: do not run two calls on one stream
     concurrently from different threads).
     """
     _check_device(x)
+    if isinstance(w, NVFP4Tensor):
+        w = prepare_w4a16(w)
     N, K = w.shape
     if x.shape[-1] != K:
         raise ValueError(f"x has {x.shape[-1]} features, the weight expects {K}")
@@ -289,11 +359,13 @@ def w4a16_matmul(
         counters = _split_counters(x.device, grid[0])
     else:
         partial, counters = out, out
+    extra = {"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}
+    even = N % cfg["BN"] == 0 and K % (cfg["BK"] * tiles_per_split) == 0
     _kernels()["w4a16"][grid](
         x2,
         w.data,
-        w.scale.view(torch.uint8),
-        w.global_scale.to(torch.float32).reshape(1),
+        w.scale_codes,
+        w.global_scale,
         out,
         bias_arg,
         partial,
@@ -311,8 +383,11 @@ def w4a16_matmul(
         USE_ASM=asm,
         HAS_BIAS=has_bias,
         INTERPRET=interpreting(),
+        EVEN=even,
+        GROUP_MAJOR=bool(cfg.get("group_major", False)) and even,
         num_warps=cfg.get("num_warps", 4),
         num_stages=cfg.get("num_stages", 3),
+        **extra,
     )
     return out.reshape(*lead, N)
 
@@ -323,16 +398,20 @@ def w4a16_linear(
     bias: torch.Tensor | None = None,
     *,
     fused_max_m: int | None = None,
+    prepared: W4A16Weight | None = None,
 ) -> torch.Tensor:
     """``F.linear`` with an NVFP4 weight: fused kernel for small M, dequantize + cuBLAS above.
 
-    The crossover ``fused_max_m`` defaults to :data:`FUSED_MAX_M` (measured by the benchmark).
+    The crossover defaults to :func:`fused_is_faster` (measured by the benchmark); ``fused_max_m``
+    overrides it.
+    ``prepared`` is ``prepare_w4a16(w)`` kept by the caller (else prepared per fused call).
     Non-BF16 activations also take the dequantize + matmul path.
     """
     M = x.numel() // max(x.shape[-1], 1)
-    limit = FUSED_MAX_M if fused_max_m is None else fused_max_m
-    if x.dtype == torch.bfloat16 and limit >= M and w.data.is_contiguous() and w.scale.is_contiguous():
-        return w4a16_matmul(x, w, bias)
+    N, K = w.shape
+    fused = fused_is_faster(M, N, K) if fused_max_m is None else fused_max_m >= M
+    if x.dtype == torch.bfloat16 and fused and w.data.is_contiguous() and w.scale.is_contiguous():
+        return w4a16_matmul(x, prepared if prepared is not None else w, bias)
     weight = dequantize_triton(w, x.dtype) if triton_available() and x.is_cuda else None
     if weight is None:
         from slime_gb10.nvfp4.format import dequantize_reference
