@@ -280,7 +280,7 @@ def w4a16_config(M: int, N: int, K: int, sm_count: int) -> dict:
         if BN == 128:
             cfg["maxnreg"] = 128
         return cfg
-    BM = 32 if M <= 32 else 64
+    BM = 32 if M <= 64 else 64  # at M=64 two 32-row tiles beat one 64-row tile (register pressure)
     tiles = -(-M // BM) * -(-N // 128)
     split = max(1, min(k_tiles, (2 * sm_count) // max(tiles, 1), 32))
     return {"BM": BM, "BN": 128, "BK": BK, "split": split, "num_warps": 4, "num_stages": 3}
