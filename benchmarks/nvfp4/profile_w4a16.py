@@ -19,9 +19,9 @@ SHAPES = [(1, 14336, 4096), (1, 4096, 4096)]
 
 
 def configs(m, n, k, sms):
-    grid = itertools.product((64, 128), (64, 128), (4,), (1, 2), (4, 8), (None, 128))
+    grid = itertools.product((32, 64), (128, 256), (1, 2), (1, 2), (8, 16), (None,))
     for bn, bk, warps, stages, per_sm, maxnreg in grid:
-        if bn * bk // (32 * warps) < 16:
+        if bn * bk // (32 * warps) < 16 or bn < 16 * warps:
             continue
         tiles = -(-n // bn)
         k_tiles = k // bk

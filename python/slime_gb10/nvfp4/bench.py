@@ -37,6 +37,8 @@ SMALL_M_CONFIGS = (
     {"BN": 128, "BK": 64, "num_warps": 4, "num_stages": 1, "programs_per_sm": 4, "maxnreg": 128},
     {"BN": 128, "BK": 128, "num_warps": 4, "num_stages": 3, "programs_per_sm": 4},
     {"BN": 64, "BK": 128, "num_warps": 4, "num_stages": 3, "programs_per_sm": 8},
+    {"BN": 64, "BK": 128, "num_warps": 1, "num_stages": 2, "programs_per_sm": 4},
+    {"BN": 32, "BK": 128, "num_warps": 2, "num_stages": 1, "programs_per_sm": 8},
 )
 MEDIUM_M_CONFIGS = (
     {"BM": 32, "BN": 128, "BK": 128, "num_warps": 4, "num_stages": 3, "programs_per_sm": 2},

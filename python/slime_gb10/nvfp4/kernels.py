@@ -5,22 +5,19 @@ has a pure-PyTorch twin in :mod:`slime_gb10.nvfp4.format` and a test comparing t
 also run under ``TRITON_INTERPRET=1`` on a CPU (the tests use that), except the inline-PTX decoder
 of the GEMM, which has a pure-Triton twin selected by ``use_asm=False``.
 
-Quantize, per 16-element block (see ``format.py`` for the formula and the choices):
-``s = e4m3_rne(min(amax_block / (6 * gs), 448))`` computed with a correctly rounded division and
-an exact software RNE to E4M3 (so no dependence on the GPU's FP8 conversion), then
-``code = e2m1_rne(x / (s * gs))`` by counting decision points, two codes per byte.
+Quantize, per 16-element block (see ``format.py`` for the formula and the choices): one thread per
+block; ``s = e4m3_rne(min(amax_block / (6 * gs), 448))`` and ``code = e2m1_rne(fl(x / (s * gs)))``
+with correctly rounded quotients computed from one reciprocal per block (Markstein's theorem: two
+FMAs per element instead of a division), an exact software RNE to E4M3 and one FP32 magic-number
+addition for the E2M1 rounding. Bit-identical to the reference; ~85-89% of copy bandwidth on an H100.
 
-W4A16 GEMM ``y = x @ dequantize(W)^T``: weights stream as packed bytes (0.5625 B/param with
-scales), are decoded in registers (an 8-entry ``prmt`` lookup table per nibble on sm_90+, or
-integer ops), scaled per 16-element group and fed to BF16 ``tl.dot`` (Hopper has no FP4 MMA).
-Split-K fills the GPU when M is small; for large M, where the fused kernel loses to cuBLAS,
-:func:`w4a16_linear` dequantizes and calls ``torch.matmul`` instead. The inline-PTX decoder rounds
-the group scale to BF16 before multiplying (two roundings), so its weights can differ from
-``dequantize(w, bfloat16)`` by one BF16 ulp; the pure-Triton decoder matches it bit for bit.
-
-Measured on an H100 (BENCHMARKS.md, NOTES.md): quantize at ~45% of copy bandwidth (issue-bound on
-the per-element division), the fused GEMM at 0.9-1.1x of BF16 cuBLAS for M <= 16 (issue-bound on
-decode + operand shuffles, 19-27% of its byte floor): correct and portable, not yet fast.
+W4A16 GEMM ``y = x @ dequantize(W)^T``: the ModelOpt bytes stream as they are, with one scale code
+byte per 16 weights (:func:`prepare_w4a16`, once per weight); an inline-PTX decoder turns two codes
+into a BF16x2 register in five instructions, exactly (``e2m1 * s * 2**-7``), and feeds BF16
+``tl.dot`` (Hopper has no FP4 MMA); the global scale multiplies the FP32 result. Split-K fills the
+GPU when M is small. Measured on an H100 (BENCHMARKS.md, NOTES.md): 1.1-1.3x of BF16 cuBLAS for
+M <= 16 on 4096-14336 wide layers (the format allows ~3.5x), slower than BF16 above; for large M
+:func:`w4a16_linear` dequantizes and calls cuBLAS instead (0.5-0.9x of BF16).
 """
 
 from __future__ import annotations
