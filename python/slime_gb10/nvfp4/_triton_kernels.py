@@ -217,6 +217,26 @@ def dequantize_kernel(data_ptr, scale_ptr, gs_ptr, out_ptr, n_blocks, BLOCKS: tl
     tl.store(out_ptr + offs, to_output(values, out_ptr.dtype.element_ty), mask=valid[:, None])
 
 
+def _pair_decoder_ptx() -> str:
+    """PTX of :func:`decode_e2m1_pairs`: output register i takes codes i and i+4 of the input word
+    (16 bits apart). Per register: shift the magnitudes (code bits 0-2) to BF16 bits 6-8/22-24 and
+    the signs (code bit 3) to 15/31, mask, merge, multiply by the scale pair ($5)."""
+    lines = ["{", ".reg .b32 m, s, r;"]
+    for out, shift in enumerate((6, 2, -2, -6)):  # magnitude shift; the sign's is 6 more
+        lines.append(f"shl.b32 m, $4, {shift};" if shift > 0 else f"shr.b32 m, $4, {-shift};")
+        sign = shift + 6
+        lines += (
+            [f"shl.b32 s, $4, {sign};", "and.b32 s, s, 0x80008000;"]
+            if sign
+            else ["and.b32 s, $4, 0x80008000;"]
+        )
+        lines += ["and.b32 m, m, 0x01C001C0;", "or.b32 r, m, s;", f"mul.rn.bf16x2 ${out}, r, $5;"]
+    return "\n".join([*lines, "}"])
+
+
+_PAIR_DECODER_PTX = _pair_decoder_ptx()
+
+
 @triton.jit
 def decode_e2m1_pairs(packed, scale):
     """Inline-PTX decoder (sm_90+): 4 bytes of ModelOpt codes (k0..k7, code k at bits 4k..4k+3) and
@@ -231,34 +251,7 @@ def decode_e2m1_pairs(packed, scale):
     and multiplies the FP32 result by ``global_scale * 2**7``.
     """
     return tl.inline_asm_elementwise(
-        asm="""
-        {
-        .reg .b32 m, s, r;
-        shl.b32 m, $4, 6;
-        shl.b32 s, $4, 12;
-        and.b32 s, s, 0x80008000;
-        and.b32 m, m, 0x01C001C0;
-        or.b32 r, m, s;
-        mul.rn.bf16x2 $0, r, $5;
-        shl.b32 m, $4, 2;
-        shl.b32 s, $4, 8;
-        and.b32 s, s, 0x80008000;
-        and.b32 m, m, 0x01C001C0;
-        or.b32 r, m, s;
-        mul.rn.bf16x2 $1, r, $5;
-        shr.b32 m, $4, 2;
-        shl.b32 s, $4, 4;
-        and.b32 s, s, 0x80008000;
-        and.b32 m, m, 0x01C001C0;
-        or.b32 r, m, s;
-        mul.rn.bf16x2 $2, r, $5;
-        shr.b32 m, $4, 6;
-        and.b32 s, $4, 0x80008000;
-        and.b32 m, m, 0x01C001C0;
-        or.b32 r, m, s;
-        mul.rn.bf16x2 $3, r, $5;
-        }
-        """,
+        asm=_PAIR_DECODER_PTX,
         constraints="=r,=r,=r,=r,r,r,r",
         args=[packed, scale],
         dtype=(tl.bfloat16, tl.bfloat16),
