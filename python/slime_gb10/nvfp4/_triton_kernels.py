@@ -234,7 +234,7 @@ def _pair_decoder_ptx() -> str:
     return "\n".join([*lines, "}"])
 
 
-_PAIR_DECODER_PTX = _pair_decoder_ptx()
+_PAIR_DECODER_PTX = tl.constexpr(_pair_decoder_ptx())  # a global a kernel may read
 
 
 @triton.jit
