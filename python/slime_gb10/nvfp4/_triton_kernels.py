@@ -326,7 +326,6 @@ def w4a16_kernel(
     HAS_BIAS: tl.constexpr,
     INTERPRET: tl.constexpr,
     EVEN: tl.constexpr,
-    GROUP_MAJOR: tl.constexpr = False,
 ):
     """out[M, N] = x[M, K] @ dequantize(W)[N, K]^T (+ bias), W streamed as packed NVFP4 bytes.
 
@@ -349,12 +348,8 @@ def w4a16_kernel(
     G: tl.constexpr = BK // 16
     group = tl.arange(0, G)
     k_groups = K // 16
-    if GROUP_MAJOR:  # [G, BN, 8]: the staged tile is laid out group by group (see the loads)
-        w_rows = w_ptr + offs_n.to(tl.int64)[None, :, None] * (K // 2) + group[:, None, None] * 8
-        w_rows += tl.arange(0, 8)[None, None, :]
-    else:
-        w_rows = w_ptr + offs_n.to(tl.int64)[:, None, None] * (K // 2) + group[None, :, None] * 8
-        w_rows += tl.arange(0, 8)[None, None, :]
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None, None] * (K // 2) + group[None, :, None] * 8
+    w_rows += tl.arange(0, 8)[None, None, :]
     s_rows = s_ptr + offs_n.to(tl.int64)[:, None] * k_groups + group[None, :]
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + tl.arange(0, BK)[None, :]
     acc = tl.zeros((BM, BN), dtype=tl.float32)
@@ -368,8 +363,6 @@ def w4a16_kernel(
             scale_codes = next_codes
             next_codes = tl.load(s_rows + tl.minimum(tile + 1, first + tiles_per_split - 1) * G)
             packed = tl.load(w_rows + tile * (BK // 2))
-            if GROUP_MAJOR:
-                packed = tl.permute(packed, [1, 0, 2])
             x = tl.load(x_rows + tile * BK, mask=m_mask[:, None], other=0.0)
             acc = _w4a16_k_tile(x, packed, scale_codes, USE_ASM, INTERPRET, acc)
     else:

@@ -356,8 +356,9 @@ def w4a16_matmul(
         counters = _split_counters(x.device, grid[0])
     else:
         partial, counters = out, out
-    extra = {"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}
     even = N % cfg["BN"] == 0 and K % (cfg["BK"] * tiles_per_split) == 0
+    # the register cap was measured on the unmasked inline-PTX path; the others would spill under it
+    extra = {"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") and even and asm else {}
     _kernels()["w4a16"][grid](
         x2,
         w.data,
@@ -381,7 +382,6 @@ def w4a16_matmul(
         HAS_BIAS=has_bias,
         INTERPRET=interpreting(),
         EVEN=even,
-        GROUP_MAJOR=bool(cfg.get("group_major", False)) and even,
         num_warps=cfg.get("num_warps", 4),
         num_stages=cfg.get("num_stages", 3),
         **extra,
