@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
 
 SCRIPT = textwrap.dedent(
     """
@@ -97,6 +97,11 @@ SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+    tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 7),
+    reason="Triton's interpreter before 3.7 cannot run a loop bounded by program_id arithmetic "
+    "(the GPU tests cover those versions; CI installs a current Triton)",
+)
 def test_triton_kernels_under_the_interpreter_match_the_reference():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run(

@@ -147,6 +147,14 @@ def _packed_codes(x, d, r, zero_bound, FAST: tl.constexpr):
 
 
 @triton.jit
+def fma_probe_kernel(out_ptr):
+    """fma(1 + 2**-12, 1 + 2**-12, -(1 + 2**-11)) = 2**-24 when fused; 0 with two roundings (the
+    Triton interpreter before 3.7 computes ``x * y + z``)."""
+    x = tl.full((1,), 1.0 + 2.0**-12, tl.float32)
+    tl.store(out_ptr + tl.arange(0, 1), tl.fma(x, x, tl.full((1,), -(1.0 + 2.0**-11), tl.float32)))
+
+
+@triton.jit
 def quantize_kernel(
     x_ptr, words_ptr, scale_ptr, gs_ptr, n_blocks, BLOCKS: tl.constexpr, DIVIDE: tl.constexpr
 ):

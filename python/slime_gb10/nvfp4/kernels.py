@@ -66,7 +66,17 @@ def _kernels():
         "quantize": k.quantize_kernel,
         "dequantize": k.dequantize_kernel,
         "w4a16": k.w4a16_kernel,
+        "fma_probe": k.fma_probe_kernel,
     }
+
+
+@functools.cache
+def _interpreter_fma_is_fused() -> bool:
+    """Under TRITON_INTERPRET, whether ``tl.fma`` rounds once (Triton >= 3.7's interpreter) or twice
+    (older ones): the quantize kernel's reciprocal path needs a real FMA to be exact."""
+    out = torch.zeros(1, dtype=torch.float32)
+    _kernels()["fma_probe"][(1,)](out)
+    return float(out) == 2.0**-24
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,6 +135,8 @@ def quantize_triton(
     """
     check_quantizable(x)
     _check_device(x)
+    if interpreting() and not divide and not _interpreter_fma_is_fused():
+        divide = True  # this interpreter's tl.fma rounds twice: the division path stays exact
     shape, dtype = x.shape, x.dtype
     flat = x.detach().contiguous().view(-1)
     if flat.dtype == torch.float64:
