@@ -69,3 +69,18 @@ def test_nvfp4_linear_reprepares_when_its_buffers_change():
     assert torch.equal(second.scale_codes, kernels.w4a16_scale_codes(other.weight_scale))
     layer.set_quantized_weight(quantize_reference(torch.randn(32, 64)))
     assert layer._w4a16_prepared(layer.quantized_weight()) is not second
+
+
+def test_cuda_kernel_split_plan():
+    """About one wave of 4 blocks per SM, among splits that cut K into 128-multiples <= 1024 (hand-derived:
+    14336 rows -> 112 tiles -> target 4.7 -> 4; 4096 rows -> 32 tiles -> 16.5 -> 16; 896 -> 7 tiles -> 75.4
+    -> 38, the largest of 4864's splits with 128-multiples; 48 SMs -> 192 / 32 = 6 -> 4 or 8, tie to 4)."""
+    from slime_gb10.nvfp4 import _cuda_w4a16 as cuda
+
+    assert cuda.plan_split(14336, 4096, 132) == 4
+    assert cuda.plan_split(4096, 14336, 132) == 16
+    assert cuda.plan_split(4096, 4096, 132) == 16
+    assert cuda.plan_split(896, 4864, 132) == 38
+    assert cuda.plan_split(4096, 4096, 48) == 4
+    assert cuda.plan_split(130, 4096, 132) is None  # N not a multiple of 128
+    assert cuda.plan_split(4096, 4000, 132) is None  # K not a multiple of 128

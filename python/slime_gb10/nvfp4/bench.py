@@ -171,6 +171,13 @@ def graph_time(calls, reps: int, replays: int = 7) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def _call(cfg: dict, asm: bool | None) -> dict:
+    """w4a16_matmul keyword arguments for one bench candidate."""
+    if cfg.get("engine") == "cuda":
+        return {"engine": "cuda"}
+    return {"config": cfg, "use_asm": asm, "engine": "triton"}
+
+
 def _copies(nbytes: int, budget: int = 160 << 20, most: int = 16) -> int:
     return max(2, min(most, -(-budget // max(nbytes, 1))))
 
@@ -232,13 +239,15 @@ def bench_w4a16(
                     tiles = -(-m // cfg["BM"]) * -(-n // cfg["BN"])
                     cfg["split"] = max(1, min(k_tiles, (per_sm * sms) // max(tiles, 1), 32))
                     candidates.append((cfg, True))
+            if m <= 16:  # the CUDA kernel (NVRTC) where it can run; the default picks it for M=1
+                candidates.append(({"engine": "cuda", "BK": 128}, None))
             best = None
             errors = []
             for cfg, asm in candidates:
                 if k % cfg["BK"]:
                     continue
                 try:
-                    out = kernels.w4a16_matmul(xs[0], ps[0], config=cfg, use_asm=asm)
+                    out = kernels.w4a16_matmul(xs[0], ps[0], **_call(cfg, asm))
                     err = float((out.float() - ref).norm() / ref.norm())
                     if not err < 2e-2:
                         errors.append(f"asm={asm} {cfg}: rel err {err:.3g}")
@@ -246,7 +255,7 @@ def bench_w4a16(
                     t = graph_time(
                         [
                             lambda i=i, cfg=cfg, asm=asm, xs=xs, ps=ps: kernels.w4a16_matmul(
-                                xs[i % 2], ps[i], config=cfg, use_asm=asm
+                                xs[i % 2], ps[i], **_call(cfg, asm)
                             )
                             for i in range(n_q)
                         ],

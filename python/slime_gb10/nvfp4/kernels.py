@@ -214,6 +214,28 @@ def asm_supported(device: torch.device) -> bool:
     return _capability(device.index if device.index is not None else torch.cuda.current_device())[0] >= 9
 
 
+@functools.cache
+def _cuda_engine_available(device_index: int) -> bool:
+    from slime_gb10.nvfp4 import _cuda_w4a16
+
+    if not _cuda_w4a16.available():
+        return False
+    try:
+        _cuda_w4a16._kernel(device_index)  # NVRTC compile, once per device
+    except Exception as exc:  # no NVRTC library, an unsupported arch: the Triton kernel instead
+        import warnings
+
+        warnings.warn(f"the CUDA W4A16 kernel is unavailable ({exc}); using the Triton kernel", stacklevel=3)
+        return False
+    return True
+
+
+def _cuda_engine_ok(device: torch.device) -> bool:
+    if interpreting() or device.type != "cuda" or os.environ.get("SLIME_GB10_W4A16_ENGINE") == "triton":
+        return False
+    return _cuda_engine_available(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 8
@@ -324,14 +346,18 @@ def w4a16_matmul(
     config: dict | None = None,
     use_asm: bool | None = None,
     out: torch.Tensor | None = None,
+    engine: str | None = None,
 ) -> torch.Tensor:
-    """``x @ dequantize(w)^T (+ bias)`` with the fused Triton kernel. x: BF16 ``[..., K]``; w: ``[N, K]``.
+    """``x @ dequantize(w)^T (+ bias)`` with a fused kernel. x: BF16 ``[..., K]``; w: ``[N, K]``.
 
     ``w`` is best a :class:`W4A16Weight` (:func:`prepare_w4a16`, once); an :class:`NVFP4Tensor` is
     prepared on every call (a pass over its scales and a host sync). ``config`` overrides
     :func:`w4a16_config` (keys BM, BN, BK, split, num_warps, num_stages, optional maxnreg);
     ``use_asm`` forces the decoder (default: the inline-PTX one on sm_90+); ``out`` is an optional
-    contiguous BF16 ``[M, N]`` output buffer. One kernel launch (split-K reduces in-kernel, using
+    contiguous BF16 ``[M, N]`` output buffer. ``engine``: ``"cuda"`` (the NVRTC kernel of
+    :mod:`~slime_gb10.nvfp4._cuda_w4a16`: M <= 16, N and K multiples of 128, sm_90+), ``"triton"``,
+    or None: CUDA for M=1 where it applies (where it is faster) and neither ``config`` nor ``use_asm``
+    is given, else Triton. ``SLIME_GB10_W4A16_ENGINE=triton`` turns the CUDA kernel off. One kernel launch (split-K reduces in-kernel, using
     per-device-and-stream tile counters that the kernel resets: do not run two calls on one stream
     concurrently from different threads).
     """
@@ -354,6 +380,31 @@ def w4a16_matmul(
         raise ValueError(f"out must be a contiguous {x.dtype} tensor of shape {(M, N)}")
     if M == 0:
         return out.reshape(*lead, N)
+    has_bias = bias is not None
+    if engine is None:
+        cuda_fits = M == 1 and N % 128 == 0 and K % 128 == 0 and config is None and use_asm is None
+        engine = "cuda" if cuda_fits and _cuda_engine_ok(x.device) else "triton"
+    if engine == "cuda":
+        from slime_gb10.nvfp4 import _cuda_w4a16
+
+        split = _cuda_w4a16.plan_split(N, K, _sm_count(x.device))
+        if split is None or M > 16:
+            raise ValueError(
+                f"the CUDA W4A16 kernel takes M <= 16, N % 128 == 0 and K % 128 == 0; got M={M}, N={N}, "
+                f"K={K}: use engine='triton'"
+            )
+        counters = _split_counters(x.device, N // _cuda_w4a16.ROWS_PER_BLOCK)
+        _cuda_w4a16.w4a16_m16(
+            x2,
+            w.data,
+            w.scale_codes,
+            w.global_scale,
+            bias.contiguous() if has_bias else None,
+            out,
+            counters,
+            split,
+        )
+        return out.reshape(*lead, N)
     cfg = config or w4a16_config(M, N, K, _sm_count(x.device))
     asm = asm_supported(x.device) if use_asm is None else use_asm
     k_tiles = -(-K // cfg["BK"])
@@ -361,7 +412,6 @@ def w4a16_matmul(
     tiles_per_split = -(-k_tiles // split)
     split = -(-k_tiles // tiles_per_split)
     grid = (-(-M // cfg["BM"]) * -(-N // cfg["BN"]), split)
-    has_bias = bias is not None
     bias_arg = bias.contiguous() if has_bias else out
     if split > 1:
         partial = torch.empty((split, M, N), dtype=torch.float32, device=x.device)
