@@ -20,9 +20,10 @@ best on an H100 (NOTES.md). This kernel controls the layout itself:
   afterwards) adds them in split order and writes BF16 (+ bias): one launch, deterministic.
 
 Rows of ``x`` beyond M are zeros in shared memory (never loaded from ``x``). Requires N % 128 == 0 and
-K % (128 * split) == 0. Measured on the H100 (NOTES.md): 1.1-1.6x of BF16 at M=1, ahead of the Triton
-kernel there, but behind it from M=4 on (the split-K partials and the per-block activation staging grow
-with M), so :func:`slime_gb10.nvfp4.kernels.w4a16_matmul` picks it by itself for M=1 only.
+K % (128 * split) == 0. Measured on the H100 (BENCHMARKS.md): 1.1-1.6x of BF16 at M=1 and up to 1.5x at
+M=4, ahead of the Triton kernel there, but behind it at M=16 (the split-K partials and the per-block
+activation staging grow with M), so :func:`slime_gb10.nvfp4.kernels.w4a16_matmul` picks it by itself
+for M <= 4 only.
 """
 
 from __future__ import annotations

@@ -356,7 +356,7 @@ def w4a16_matmul(
     ``use_asm`` forces the decoder (default: the inline-PTX one on sm_90+); ``out`` is an optional
     contiguous BF16 ``[M, N]`` output buffer. ``engine``: ``"cuda"`` (the NVRTC kernel of
     :mod:`~slime_gb10.nvfp4._cuda_w4a16`: M <= 16, N and K multiples of 128, sm_90+), ``"triton"``,
-    or None: CUDA for M=1 where it applies (where it is faster) and neither ``config`` nor ``use_asm``
+    or None: CUDA for M <= 4 where it applies (where it is faster) and neither ``config`` nor ``use_asm``
     is given, else Triton. ``SLIME_GB10_W4A16_ENGINE=triton`` turns the CUDA kernel off. One kernel launch (split-K reduces in-kernel, using
     per-device-and-stream tile counters that the kernel resets: do not run two calls on one stream
     concurrently from different threads).
@@ -382,7 +382,7 @@ def w4a16_matmul(
         return out.reshape(*lead, N)
     has_bias = bias is not None
     if engine is None:
-        cuda_fits = M == 1 and N % 128 == 0 and K % 128 == 0 and config is None and use_asm is None
+        cuda_fits = M <= 4 and N % 128 == 0 and K % 128 == 0 and config is None and use_asm is None
         engine = "cuda" if cuda_fits and _cuda_engine_ok(x.device) else "triton"
     if engine == "cuda":
         from slime_gb10.nvfp4 import _cuda_w4a16
