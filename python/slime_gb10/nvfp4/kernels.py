@@ -13,11 +13,13 @@ addition for the E2M1 rounding. Bit-identical to the reference; ~85-89% of copy 
 
 W4A16 GEMM ``y = x @ dequantize(W)^T``: the ModelOpt bytes stream as they are, with one scale code
 byte per 16 weights (:func:`prepare_w4a16`, once per weight); an inline-PTX decoder turns two codes
-into a BF16x2 register in five instructions, exactly (``e2m1 * s * 2**-7``), and feeds BF16
-``tl.dot`` (Hopper has no FP4 MMA); the global scale multiplies the FP32 result. Split-K fills the
-GPU when M is small. Measured on an H100 (BENCHMARKS.md, NOTES.md): 1.1-1.3x of BF16 cuBLAS for
-M <= 16 on 4096-14336 wide layers (the format allows ~3.5x), slower than BF16 above; for large M
-:func:`w4a16_linear` dequantizes and calls cuBLAS instead (0.5-0.9x of BF16).
+into a BF16x2 register in five instructions, exactly (``e2m1 * s * 2**-7``), and feeds BF16 tensor-core
+MMAs (Hopper has no FP4 MMA); the global scale multiplies the FP32 result. Two kernels share the
+decoder: a CUDA one compiled at run time with NVRTC (:mod:`~slime_gb10.nvfp4._cuda_w4a16`, M <= 4)
+and a Triton one (``tl.dot``, any M; split-K fills the GPU when M is small). Measured on an H100
+(BENCHMARKS.md, NOTES.md): 1.2-1.6x of BF16 cuBLAS at M <= 4 and 1.1x at M = 16 on 4096-14336 wide
+layers (the format allows ~3.5x), slower than BF16 above; for large M :func:`w4a16_linear`
+dequantizes and calls cuBLAS instead (0.5-0.9x of BF16).
 """
 
 from __future__ import annotations
