@@ -202,12 +202,43 @@ extern "C" __global__ void __launch_bounds__(128) w4a16_m16(
     )
 
 
+def _ensure_nvrtc() -> None:
+    """Make ``libnvrtc`` loadable by soname, as torch looks for it. Where the loader does not find it
+    (a Nix environment: no global library path), load it from ``$CUDA_HOME/lib`` first; glibc then
+    resolves the soname to the library already loaded. Raises OSError if there is none."""
+    from torch.cuda._utils import _get_nvrtc_library
+
+    try:
+        _get_nvrtc_library()
+        return
+    except OSError:
+        pass
+    import ctypes
+    import glob
+    import os
+
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    for path in sorted(glob.glob(os.path.join(home, "lib*", "libnvrtc.so*"))):
+        try:
+            ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            break
+        except OSError:
+            continue
+    _get_nvrtc_library()
+
+
 def available() -> bool:
-    """NVRTC through torch (``torch.cuda._compile_kernel``, private but present since torch 2.8) and
-    a CUDA device with ``mma.sync`` BF16 (sm_80+) and ``mul.rn.bf16x2`` (sm_90+)."""
+    """NVRTC through torch (``torch.cuda._compile_kernel``, private but present since torch 2.8), its
+    library, and a CUDA device with ``mma.sync`` BF16 (sm_80+) and ``mul.rn.bf16x2`` (sm_90+)."""
     if not (torch.cuda.is_available() and hasattr(torch.cuda, "_compile_kernel")):
         return False
-    return torch.cuda.get_device_capability()[0] >= 9
+    if torch.cuda.get_device_capability()[0] < 9:
+        return False
+    try:
+        _ensure_nvrtc()
+    except OSError:
+        return False
+    return True
 
 
 @functools.cache
