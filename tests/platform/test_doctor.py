@@ -563,3 +563,35 @@ def test_sglang_router_is_optional_but_a_broken_one_warns(tmp_path, monkeypatch)
     result = check_sglang_router(ctx)
     assert result.status == "warn" and "blocker #12" in result.reason
     assert "pip install --force-reinstall sglang-router" in result.fix
+
+
+@pytest.mark.parametrize(
+    ("child", "status", "phrase"),
+    [
+        ({"cuda_available": True, "cuda": 1.7e-3, "triton": 1.6e-3}, "ok", "CUDA (NVRTC, M <= 4) and Triton"),
+        ({"cuda_available": False, "triton": 1.6e-3}, "warn", "CUDA kernel for M <= 4 is unavailable"),
+        (
+            {"cuda_available": True, "cuda": 0.4, "triton": 1.6e-3},
+            "fail",
+            "CUDA W4A16 kernel (NVRTC) is wrong",
+        ),
+        (
+            {"cuda_available": True, "cuda": "OSError: no NVRTC", "triton": 1.6e-3},
+            "fail",
+            "OSError: no NVRTC",
+        ),
+        ({"cuda_available": False, "triton": "RuntimeError: ptxas"}, "fail", "Triton W4A16 kernel is wrong"),
+    ],
+)
+def test_w4a16_kernels_verdicts(monkeypatch, child, status, phrase):
+    """The verdicts from what the probe child prints (the child itself runs on the GPU: test_doctor_on_a_real_gpu)."""
+    monkeypatch.setattr(doctor, "_installed", lambda name: True)
+    monkeypatch.setattr(
+        doctor, "run_child_python", lambda code, timeout: doctor.ChildResult(0, "", "", child)
+    )
+    result = _run(
+        "w4a16_kernels", gpu_probe(capability=(9, 0), name="NVIDIA H100 80GB HBM3", integrated=False)
+    )
+    assert result.status == status and phrase in result.reason
+    if status != "ok":
+        assert result.fix

@@ -801,6 +801,72 @@ def check_te_nvfp4(ctx: DoctorContext) -> CheckResult:
     return _ok("te_nvfp4", "NVFP4 available", **data)
 
 
+_W4A16 = """
+import json, torch
+from slime_gb10.nvfp4 import _cuda_w4a16, dequantize_reference, kernels, quantize_reference
+g = torch.Generator().manual_seed(0)
+w = torch.randn(256, 512, generator=g) * 0.05
+x = torch.randn(1, 512, generator=g).bfloat16()
+q = quantize_reference(w)
+ref = x.double() @ dequantize_reference(q, torch.float64).T
+p = kernels.prepare_w4a16(q.to("cuda"))
+res = {"cuda_available": _cuda_w4a16.available()}
+for engine in ("cuda", "triton") if res["cuda_available"] else ("triton",):
+    try:
+        out = kernels.w4a16_matmul(x.cuda(), p, engine=engine).cpu().double()
+        res[engine] = float((out - ref).norm() / ref.norm())
+    except Exception as exc:
+        res[engine] = f"{type(exc).__name__}: {str(exc)[:300]}"
+print(json.dumps(res))
+"""
+
+
+@register_check("w4a16_kernels", gpu=True)
+def check_w4a16_kernels(ctx: DoctorContext) -> CheckResult:
+    """NVFP4Linear's w4a16 kernels run and are right: the CUDA one (NVRTC, M <= 4) and the Triton one."""
+    if not _installed("triton"):
+        return _skip("w4a16_kernels", "Triton is not installed: w4a16 dequantizes and calls cuBLAS")
+    child = run_child_python(_W4A16, ctx.timeout_s)
+    if child.data is None:
+        return _fail(
+            "w4a16_kernels",
+            f"the W4A16 probe {child.how_it_ended()}",
+            "run `slime-gb10 doctor` again with a longer --timeout; check the triton_jit line",
+        )
+    data = child.data
+    triton_err = data.get("triton")
+    if not isinstance(triton_err, float) or not triton_err < 1e-2:
+        return _fail(
+            "w4a16_kernels",
+            f"the Triton W4A16 kernel is wrong or fails: {triton_err}",
+            "reinstall a triton that matches torch (`pip install --force-reinstall torch triton`)",
+            **data,
+        )
+    if not data["cuda_available"]:
+        return _warn(
+            "w4a16_kernels",
+            f"Triton kernel correct (rel. error {triton_err:.1g}); the CUDA kernel for M <= 4 is unavailable "
+            "(NVRTC not found, torch without torch.cuda._compile_kernel, or a pre-Hopper GPU): M <= 4 runs "
+            "slower, on the Triton kernel",
+            "put a CUDA 13 toolkit with lib/libnvrtc.so under CUDA_HOME (the flake's shell does), or "
+            "pip install nvidia-cuda-nvrtc",
+            **data,
+        )
+    cuda_err = data.get("cuda")
+    if not isinstance(cuda_err, float) or not cuda_err < 1e-2:
+        return _fail(
+            "w4a16_kernels",
+            f"the CUDA W4A16 kernel (NVRTC) is wrong or fails: {cuda_err}",
+            "SLIME_GB10_W4A16_ENGINE=triton turns it off; report the line above",
+            **data,
+        )
+    return _ok(
+        "w4a16_kernels",
+        f"CUDA (NVRTC, M <= 4) and Triton kernels correct (rel. error {cuda_err:.1g}, {triton_err:.1g})",
+        **data,
+    )
+
+
 # --- checks: memory, cuDNN and the run-time blockers ---------------------------------------------
 
 
