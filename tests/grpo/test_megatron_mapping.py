@@ -296,21 +296,9 @@ def test_unsupported_configs_are_refused(config, message):
         DecoderArch.from_hf_config(config)
 
 
-def test_smollm2_arch_numbers():
+def test_smollm2_arch_numbers(smollm2_135m_config):
     # SmolLM2-135M: the config the GGUF metadata carries (hidden 576, 30 layers, 9 heads, 3 kv heads).
-    arch = DecoderArch.from_hf_config(
-        LlamaConfig(
-            hidden_size=576,
-            num_hidden_layers=30,
-            num_attention_heads=9,
-            num_key_value_heads=3,
-            intermediate_size=1536,
-            vocab_size=49152,
-            tie_word_embeddings=True,
-            rope_theta=100000.0,
-            rms_norm_eps=1e-5,
-        )
-    )
+    arch = DecoderArch.from_hf_config(smollm2_135m_config())
     assert (arch.head_dim, arch.heads_per_group, arch.qkv_rows) == (64, 3, 3 * (3 + 2) * 64)
     assert arch.rope_theta == 100000.0 and arch.tie_word_embeddings and not arch.qkv_bias
 

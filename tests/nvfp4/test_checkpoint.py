@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
 import torch
 from safetensors import safe_open
 from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from slime_gb10.nvfp4 import (
     CheckpointError,
@@ -21,25 +21,15 @@ from slime_gb10.nvfp4 import (
 from slime_gb10.nvfp4.linear import nvfp4_layers
 
 
-def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-        torch_dtype="bfloat16",
-    )
-    return LlamaForCausalLM(config).to(torch.bfloat16).eval()
+@pytest.fixture(scope="session")
+def llama(tiny_llama):
+    """The checkpoint tests' model: tied embeddings, BF16 (config and weights)."""
+    return functools.partial(tiny_llama, tie_word_embeddings=True, dtype=torch.bfloat16)
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    model = tiny_llama()
+def exported(tmp_path_factory, llama):
+    model = llama()
     quantize_model(model)
     ids = torch.randint(0, 256, (2, 10), generator=torch.Generator().manual_seed(0))
     with torch.no_grad(), calibration(model):
@@ -98,9 +88,9 @@ def test_quantization_configs(exported):
     assert legacy["quantization"]["exclude_modules"] == ["lm_head"]
 
 
-def test_round_trip_is_bit_exact(exported):
+def test_round_trip_is_bit_exact(exported, llama):
     model, out, ids, logits = exported
-    fresh = tiny_llama(seed=123)
+    fresh = llama(seed=123)
     load_nvfp4(fresh, out)
     layers = dict(nvfp4_layers(fresh))
     assert set(layers) == {name for name, _ in nvfp4_layers(model)}
@@ -137,12 +127,12 @@ def test_export_needs_nvfp4_layers(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-def test_load_rejects_a_directory_without_quantization_config(tmp_path):
+def test_load_rejects_a_directory_without_quantization_config(tmp_path, llama):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(CheckpointError, match="quantization config"):
-        load_nvfp4(tiny_llama(), tmp_path)
+        load_nvfp4(llama(), tmp_path)
     with pytest.raises(CheckpointError, match="does not exist"):
-        load_nvfp4(tiny_llama(), tmp_path / "missing")
+        load_nvfp4(llama(), tmp_path / "missing")
 
 
 def test_failed_export_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
@@ -178,9 +168,9 @@ def test_unfused_export_of_a_plain_module(tmp_path):
 # --- found in review: the exported checkpoint must be what was trained / calibrated -----------------
 
 
-def test_export_refuses_to_invent_an_activation_scale(tmp_path):
+def test_export_refuses_to_invent_an_activation_scale(tmp_path, llama):
     """SGLang quantizes activations with input_scale; an uncalibrated 1.0 would clip/flush them."""
-    model = tiny_llama()
+    model = llama()
     quantize_model(model)
     with pytest.raises(CheckpointError, match="calibration"):
         export_nvfp4(model, tmp_path / "uncalibrated")
@@ -190,8 +180,8 @@ def test_export_refuses_to_invent_an_activation_scale(tmp_path):
     assert float(tensors["model.layers.0.mlp.down_proj.input_scale"]) == 1.0
 
 
-def test_export_config_says_bfloat16_even_for_an_fp32_model(tmp_path):
-    model = tiny_llama().to(torch.float32)
+def test_export_config_says_bfloat16_even_for_an_fp32_model(tmp_path, llama):
+    model = llama().to(torch.float32)
     model.config.torch_dtype = torch.float32
     quantize_model(model)
     with torch.no_grad(), calibration(model):
@@ -202,18 +192,18 @@ def test_export_config_says_bfloat16_even_for_an_fp32_model(tmp_path):
     assert _tensors(tmp_path / "fp32")["model.norm.weight"].dtype == torch.bfloat16
 
 
-def test_loading_into_a_master_weight_backend_keeps_the_activation_scale(exported, tmp_path):
+def test_loading_into_a_master_weight_backend_keeps_the_activation_scale(exported, tmp_path, llama):
     _, out, _, _ = exported
     written = float(_tensors(out)["model.layers.0.mlp.down_proj.input_scale"])
-    fresh = tiny_llama(seed=1)
+    fresh = llama(seed=1)
     load_nvfp4(fresh, out, backend="qat")
     export_nvfp4(fresh, tmp_path / "again")
     assert float(_tensors(tmp_path / "again")["model.layers.0.mlp.down_proj.input_scale"]) == written
 
 
-def test_qat_trains_with_the_scale_the_fused_checkpoint_stores(tmp_path):
+def test_qat_trains_with_the_scale_the_fused_checkpoint_stores(tmp_path, llama):
     """q/k/v share one weight_scale_2 in the checkpoint: QAT must fake-quantize k with it too."""
-    model = tiny_llama()
+    model = llama()
     attn = model.model.layers[0].self_attn
     with torch.no_grad():
         attn.q_proj.weight.mul_(4.0)  # q's amax 4x k's: a per-layer scale would differ from the shared one
@@ -222,15 +212,15 @@ def test_qat_trains_with_the_scale_the_fused_checkpoint_stores(tmp_path):
     with torch.no_grad(), calibration(model):
         model(torch.randint(0, 256, (1, 8)))
     export_nvfp4(model, tmp_path / "qat")
-    fresh = tiny_llama(seed=2)
+    fresh = llama(seed=2)
     load_nvfp4(fresh, tmp_path / "qat", backend="reference")
     k_trained, k_served = attn.k_proj, fresh.model.layers[0].self_attn.k_proj
     with torch.no_grad():
         assert torch.equal(k_trained(x), k_served(x))
 
 
-def test_excluding_one_fused_projection_excludes_its_group():
-    model = tiny_llama()
+def test_excluding_one_fused_projection_excludes_its_group(llama):
+    model = llama()
     with pytest.warns(UserWarning, match="fused siblings"):
         quantize_model(model, exclude=("lm_head", "*embed*", "*.layers.0.self_attn.k_proj"))
     attn = model.model.layers[0].self_attn

@@ -5,26 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from slime_gb10.nvfp4 import NVFP4Linear, dequantize, fake_quantize, quantize, quantize_model
 from slime_gb10.nvfp4.linear import default_backend, fused_groups, nvfp4_layers
-
-
-def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
-    """A real transformers Llama, shrunk (the architecture SmolLM2 uses)."""
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
-    return LlamaForCausalLM(config).eval()
 
 
 def test_default_backend_on_cpu_is_reference():
@@ -144,7 +127,7 @@ def test_qat_trains_a_small_mlp_to_the_bf16_loss_band():
     assert qat < max(3 * full, 0.05 * start), (start, full, qat)
 
 
-def test_quantize_model_on_a_transformers_llama():
+def test_quantize_model_on_a_transformers_llama(tiny_llama):
     model = tiny_llama()
     ids = torch.randint(0, 256, (2, 12))
     with torch.no_grad():
