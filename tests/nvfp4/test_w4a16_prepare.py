@@ -71,16 +71,40 @@ def test_nvfp4_linear_reprepares_when_its_buffers_change():
     assert layer._w4a16_prepared(layer.quantized_weight()) is not second
 
 
-def test_cuda_kernel_split_plan():
-    """About one wave of 4 blocks per SM, among splits that cut K into 128-multiples <= 1024 (hand-derived:
-    14336 rows -> 112 tiles -> target 4.7 -> 4; 4096 rows -> 32 tiles -> 16.5 -> 16; 896 -> 7 tiles -> 75.4
-    -> 38, the largest of 4864's splits with 128-multiples; 48 SMs -> 192 / 32 = 6 -> 4 or 8, tie to 4)."""
+def test_cuda_kernel_plan():
+    """The CUDA kernel's tiling rules, hand-derived. K is split into the power of two nearest to
+    ``log2(8 * SMs * 32 / N)`` parts (cluster x K-warps), smallest cluster first: 14336 rows on 132 SMs
+    -> 2.36 -> 2 parts -> 1 block x 2 K-warps (rw 2); 4096 rows -> 8.25 -> 8 -> cluster 2 x 4 K-warps;
+    896 rows -> 37.7 -> 32 -> cluster 8 x 4; 48 SMs, 4096 rows -> 3 -> 4 (log distance 0.42 < 0.58)."""
     from slime_gb10.nvfp4 import _cuda_w4a16 as cuda
 
-    assert cuda.plan_split(14336, 4096, 132) == 4
-    assert cuda.plan_split(4096, 14336, 132) == 16
-    assert cuda.plan_split(4096, 4096, 132) == 16
-    assert cuda.plan_split(896, 4864, 132) == 38
-    assert cuda.plan_split(4096, 4096, 48) == 4
-    assert cuda.plan_split(130, 4096, 132) is None  # N not a multiple of 128
-    assert cuda.plan_split(4096, 4000, 132) is None  # K not a multiple of 128
+    def ring(nt, cluster, rw):  # the cp.async pipeline the rules prefer
+        return cuda.Plan(nt, cluster, rw, 1, stages=3, minb=4)
+
+    assert cuda.plan(1, 14336, 4096, 132) == ring(1, 1, 2)
+    assert cuda.plan(4, 4096, 4096, 132) == ring(1, 2, 1)
+    assert cuda.plan(1, 896, 4864, 132) == ring(1, 8, 1)
+    assert cuda.plan(8, 4096, 4096, 48) == ring(1, 1, 1)
+    # M = 16, K = 14336, 8 parts: cluster 2 or 4 would stage 229 or 114 KB of activations; cluster 8
+    # stages 57 KB, plus a 30 KB ring is over 64 KB, so the codes go through registers (256 wide)
+    assert cuda.plan(16, 4096, 14336, 132) == cuda.Plan(2, 8, 4, 2, rows=32, loads=2)
+    assert cuda.plan(17, 4096, 4096, 132) is None
+    assert cuda.plan(1, 4100, 4096, 132) is None  # N not a multiple of 32
+    assert cuda.plan(1, 4096, 4000, 132) is None  # K not a multiple of 128
+
+
+def test_cuda_kernel_shared_memory():
+    """Activations are stored for M rounded up to a power of two (all 8 of a tile for M > 8):
+    1 block of 32 segments x 256 B x 1 token = 8 KB (more than the 4 x 32 x 9 x 4 = 4.5 KB of partials),
+    plus 4 warps x 3 stages x 4 row groups x 32 lanes x 20 B = 30 KB of cp.async ring."""
+    from slime_gb10.nvfp4 import _cuda_w4a16 as cuda
+
+    p = cuda.Plan(1, 1, 2, 1, stages=3, minb=4)
+    assert [cuda.stored_tokens(p, m) for m in (1, 2, 3, 4, 5, 8)] == [1, 2, 4, 4, 8, 8]
+    assert cuda.stored_tokens(cuda.Plan(2, 1, 1, 2), 9) == 8
+    assert cuda.shared_bytes(p, 1, 4096) == 8192 + 30720
+    assert cuda.shared_bytes(p, 8, 4096) == 8 * 8192 + 30720
+    assert cuda.shared_bytes(cuda.Plan(1, 8, 4, 2), 1, 4096) == 4 * 32 * 9 * 4  # partials > 4 segments
+    assert cuda.valid(p, 8, 4096, 4096) and not cuda.valid(p, 9, 4096, 4096)
+    assert not cuda.valid(cuda.Plan(1, 8, 1, 2), 1, 4096, 128 * 31)  # 32 K-parts, 31 segments
+    assert not cuda.valid(cuda.Plan(1, 1, 1, 2), 8, 4096, 14336)  # 112 KB of activations

@@ -3,45 +3,73 @@
 Why not Triton here: the Triton kernel (``_triton_kernels.w4a16_kernel``) decodes as few instructions
 per weight as this one, but the K loop Triton generates around ``tl.dot`` stays latency bound (staged
 codes read back from shared memory with bank conflicts, barriers, few warps): 1.1-1.3x of BF16 at
-best on an H100 (NOTES.md). This kernel controls the layout itself:
+best on an H100 (NOTES.md). This kernel controls the layout and the memory pipeline itself:
 
-* a warp owns 32 weight rows (4 groups of 8, the ``n`` of ``mma.m16n8k16``); lane ``(g, i)`` =
-  ``(lane // 4, lane % 4)`` loads 16 bytes of row ``g`` per 128-wide K segment (32 codes), with one
-  16-byte load per row group and segment, all issued before any is used;
-* each 32-bit word of codes becomes four BF16x2 registers with the inline-PTX pair decoder of the
-  Triton kernel (codes ``j`` and ``j + 4`` share a register); two registers are one B fragment, so
-  a word feeds two MMAs, and K is permuted consistently: word ``j`` of lane ``i`` holds real k
-  ``32 i + 8 j + 0..7``, and the activations are written to shared memory once per block in the
-  matching order (rows g and g+8 interleaved), so each A fragment is one 16-byte shared-memory
-  load straight into the MMA's register quad;
-* the group scales are the prepared scale codes (one shift-and-add to BF16 ``s * 2**119``); the
-  FP32 result is multiplied by ``global_scale * 2**7``;
-* split-K partials go to an FP32 buffer; the last block of each row tile (an atomic counter, reset
-  afterwards) adds them in split order and writes BF16 (+ bias): one launch, deterministic.
+* The weights are the MMA's A operand (``mma.m16n8k16``: 16 weight rows x 8 tokens), so M <= 8 pads
+  to 8 tokens, not 16. A warp owns 32 weight rows; lane ``(g, i)`` = ``(lane // 4, lane % 4)`` loads 16
+  bytes of codes (32 codes) of rows g, g+8, g+16 and g+24 per 128-wide K segment.
+* The code loads of ``DEPTH`` segments are in flight per warp (a ring of registers, fully unrolled),
+  and the first ones are issued before the activations are staged, so the two latencies overlap.
+* Each 32-bit word of codes becomes four BF16x2 registers with the inline-PTX pair decoder of the
+  Triton kernel (codes ``j`` and ``j + 4`` share a register). K is permuted consistently: word ``j``
+  of lane ``i`` holds real k ``32 i + 8 j + 0..7``, and the activations are written to shared memory
+  once per block in the matching B-fragment order, so one conflict-free 16-byte load gives the B
+  registers of two MMAs.
+* The group scales are the prepared scale codes (one shift-and-add to BF16 ``s * 2**119``); the FP32
+  result is multiplied by ``global_scale * 2**7``.
+* Split-K has two levels, both reduced in shared memory in a fixed order (deterministic, no global
+  partials, no counters): ``4 / RW`` warps of a block share rows and split the block's K range, and
+  ``CLUSTER`` blocks of a thread-block cluster (sm_90+) split K further; after a cluster barrier each
+  block sums its share of the rows from all blocks' shared memory (DSMEM) and writes BF16 (+ bias).
 
-Rows of ``x`` beyond M are zeros in shared memory (never loaded from ``x``). Requires N % 128 == 0 and
-K % (128 * split) == 0. Measured on the H100 (BENCHMARKS.md): 1.1-1.6x of BF16 at M=1 and up to 1.5x at
-M=4, ahead of the Triton kernel there, but behind it at M=16 (the split-K partials and the per-block
-activation staging grow with M), so :func:`slime_gb10.nvfp4.kernels.w4a16_matmul` picks it by itself
-for M <= 4 only.
+Rows of ``x`` beyond M are zeros in shared memory (never loaded from ``x``). Requires N % 32 == 0 and
+K % 128 == 0; :func:`plan` picks the tiling. Measured on the H100: BENCHMARKS.md.
 """
 
 from __future__ import annotations
 
 import functools
+import math
+from typing import NamedTuple
 
 import torch
 
-ROWS_PER_BLOCK = 128  # 4 warps x 4 row groups x 8 rows
-MAX_K_RANGE = 1024  # K per block: the permuted activations take 16 * K_range * 2 bytes of shared memory
+MAX_SMEM = 96 * 1024  # dynamic shared memory per block (above 48 KB by opting in; GB10 allows 99 KB)
 
 
-def _source() -> str:
+class Plan(NamedTuple):
+    """A tiling of the kernel.
+
+    ``nt``: token tiles of 8 (M <= 8 nt); ``cluster``: blocks of a cluster splitting K; ``rw``: warps
+    per block with their own rows (the other ``4 // rw`` warps split the block's K range); ``depth``:
+    segments of codes in flight per warp; ``rows``: weight rows per warp (16 or 32); ``loads``:
+    16-byte loads per row and segment (a segment is ``128 * loads`` wide in K).
+    """
+
+    nt: int
+    cluster: int
+    rw: int
+    depth: int
+    rows: int = 32
+    loads: int = 1
+    stages: int = 0
+    minb: int = 1
+
+
+def _source(p: Plan) -> str:
     from slime_gb10.nvfp4._triton_kernels import _PAIR_DECODER_PTX
 
     decoder = str(_PAIR_DECODER_PTX.value).replace("$", "%").replace("\n", " ")
+    cluster_attr = f"__cluster_dims__(1, {p.cluster}, 1)" if p.cluster > 1 else ""
     return (
-        r"""
+        f"#define NT {p.nt}\n#define CLUSTER {p.cluster}\n#define RW {p.rw}\n#define DEPTH {p.depth}\n"
+        f"#define ROWS {p.rows}\n#define LOADS {p.loads}\n#define STAGES {p.stages}\n#define MINB {p.minb}\n"
+        f"#define CLUSTER_ATTR {cluster_attr}\n"
+        + r"""
+#define KW (4 / RW)
+#define MT (ROWS / 16)  /* m16 tiles per warp */
+#define RG (ROWS / 8)   /* row groups of 8 per warp */
+#define RED_STRIDE (8 * NT + 1)  /* floats per row of the split-K partials (+1: no bank conflicts) */
 typedef unsigned int u32;
 typedef unsigned short u16;
 
@@ -67,136 +95,242 @@ __device__ __forceinline__ u16 to_bf16(float f) {  // round to nearest even (fin
     return (u16)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
 }
 
-struct Segment {  // one 128-wide K segment of 4 row groups: 16 bytes of codes + 2 scale codes each
-    uint4 q[4];
-    u32 sc[4];
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+__device__ __forceinline__ float ld_cluster(const float* p, u32 rank) {  // DSMEM: block `rank`'s copy of *p
+    u32 remote;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_addr(dst)), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(smem_addr(dst)), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
+
+struct Segment {  // one segment: row groups g + 8 rg, LOADS 16-byte loads of codes + 2 scale codes each
+    uint4 q[RG][LOADS];
+    u32 sc[RG][LOADS];
 };
 
-__device__ __forceinline__ void load_segment(Segment& seg, const unsigned char* const* crow,
-                                             const unsigned char* const* srow, int s) {
-    for (int ng = 0; ng < 4; ++ng) {
-        seg.q[ng] = __ldg((const uint4*)(crow[ng] + s * 64));
-        seg.sc[ng] = __ldg((const u16*)(srow[ng] + s * 8));
-    }
+__device__ __forceinline__ void load_segment(Segment& seg, const unsigned char* crow, const unsigned char* srow,
+                                             size_t crow_step, size_t srow_step, int s) {
+#pragma unroll
+    for (int rg = 0; rg < RG; ++rg)
+#pragma unroll
+        for (int t = 0; t < LOADS; ++t) {
+            seg.q[rg][t] = __ldg((const uint4*)(crow + rg * crow_step + (s * LOADS + t) * 64));
+            seg.sc[rg][t] = __ldg((const u16*)(srow + rg * srow_step + (s * LOADS + t) * 8));
+        }
 }
 
-__device__ __forceinline__ void compute_segment(float (*acc)[4], const Segment& seg, const uint4* xs_seg) {
-    // xs_seg: this lane's 8 A-fragment quads of the segment: [word j][t]
-    uint4 a[4][2];
-    for (int j = 0; j < 4; ++j) { a[j][0] = xs_seg[2 * j]; a[j][1] = xs_seg[2 * j + 1]; }
-    for (int ng = 0; ng < 4; ++ng) {
-        const u32 s_lo = scale_pair(seg.sc[ng] & 0xFFu), s_hi = scale_pair((seg.sc[ng] >> 8) & 0xFFu);
-        const u32 words[4] = {seg.q[ng].x, seg.q[ng].y, seg.q[ng].z, seg.q[ng].w};
+#if STAGES > 0
+// A ring slot of one warp: codes [(rg, t)][lane] 16 bytes, then scale codes [(rg, t)][lane] 4 bytes
+// (the aligned 4 bytes that hold the lane's two codes). Every lane copies and reads only its own bytes.
+#define SLOT_BYTES (RG * LOADS * 32 * 20)
+
+__device__ __forceinline__ void issue_segment(unsigned char* slot, const unsigned char* crow, const unsigned char* srow,
+                                              size_t crow_step, size_t srow_step, int s, int lane, int i) {
+#pragma unroll
+    for (int rg = 0; rg < RG; ++rg)
+#pragma unroll
+        for (int t = 0; t < LOADS; ++t) {
+            const int q = (rg * LOADS + t) * 32 + lane;
+            cp_async16(slot + 16 * q, crow + rg * crow_step + (s * LOADS + t) * 64);
+            cp_async4(slot + RG * LOADS * 32 * 16 + 4 * q, srow - 2 * i + rg * srow_step + (s * LOADS + t) * 8 + 4 * (i >> 1));
+        }
+}
+
+__device__ __forceinline__ void read_segment(Segment& seg, const unsigned char* slot, int lane, int i) {
+#pragma unroll
+    for (int rg = 0; rg < RG; ++rg)
+#pragma unroll
+        for (int t = 0; t < LOADS; ++t) {
+            const int q = (rg * LOADS + t) * 32 + lane;
+            seg.q[rg][t] = *(const uint4*)(slot + 16 * q);
+            seg.sc[rg][t] = *(const u32*)(slot + RG * LOADS * 32 * 16 + 4 * q) >> (16 * (i & 1));
+        }
+}
+#endif
+
+// acc[mt][h]: rows 16 mt + (g, g+8) x tokens 8 h + (2i, 2i+1). xq: this lane's B quads of the segment,
+// quad (t, j, h) at xq[((t * 4 + j) * NT + h) * ts] (ts = 4 * tokens stored per tile; lanes of tokens
+// not stored (`live` false) take zeros) = {x(k), x(k+4)}, {x(k+1), x(k+5)}, {x(k+2), x(k+6)},
+// {x(k+3), x(k+7)} of token 8 h + g with k = 128 t + 32 i + 8 j (from the segment's start).
+__device__ __forceinline__ void compute_segment(float (*acc)[NT][4], const Segment& seg, const uint4* xq, int ts,
+                                                bool live) {
+#pragma unroll
+    for (int t = 0; t < LOADS; ++t) {
+        u32 sc[RG][2];
+#pragma unroll
+        for (int rg = 0; rg < RG; ++rg) {
+            sc[rg][0] = scale_pair(seg.sc[rg][t] & 0xFFu);
+            sc[rg][1] = scale_pair((seg.sc[rg][t] >> 8) & 0xFFu);
+        }
+#pragma unroll
         for (int j = 0; j < 4; ++j) {
-            u32 r0, r1, r2, r3;
-            decode(words[j], j < 2 ? s_lo : s_hi, r0, r1, r2, r3);
-            mma(acc[ng], a[j][0].x, a[j][0].y, a[j][0].z, a[j][0].w, r0, r1);
-            mma(acc[ng], a[j][1].x, a[j][1].y, a[j][1].z, a[j][1].w, r2, r3);
-        }
-    }
-}
-
-extern "C" __global__ void __launch_bounds__(128) w4a16_m16(
-    const u16* __restrict__ x, const unsigned char* __restrict__ codes, const unsigned char* __restrict__ scodes,
-    const float* __restrict__ gs, const u16* __restrict__ bias, u16* __restrict__ out,
-    float* __restrict__ partial, int* __restrict__ counters,
-    int M, int N, int K, int k_range, int split, int stride_xm, int has_bias)
-{
-    // Permuted activations: one 16-byte A-fragment quad per (row pair g, segment s, lane i, word j,
-    // t): {x[g][k], x[g][k+4]}, {x[g+8][k], ..}, {x[g][k+1], x[g][k+5]}, {x[g+8][k+1], ..} with
-    // k = k0 + 128 s + 32 i + 8 j + 2 t (rows >= M are zeros). 16 * k_range * 2 bytes.
-    extern __shared__ uint4 xs[];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = lane >> 2, i = lane & 3;
-    const int k0 = blockIdx.y * k_range;
-    const int segments = k_range >> 7;
-
-    // 1. activations -> shared memory in A-fragment order: a thread takes 8 consecutive values of a
-    //    row (one 16-byte load: k = k0 + 128 s + 32 i + 8 j + 0..7, i.e. chunk c = 16 s + 4 i + j)
-    //    and writes the four pairs (k, k+4), (k+1, k+5), (k+2, k+6), (k+3, k+7) into the quads of
-    //    t = 0 and t = 1; rows >= M are zeros.
-    u32* xs32 = (u32*)xs;
-    const int chunks = k_range >> 3;
-    for (int c = tid; c < chunks; c += 128) {
-        const int s = c >> 4, ii = (c >> 2) & 3, j = c & 3;
-        for (int row = 0; row < 16; ++row) {
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (row < M) v = __ldg((const uint4*)(x + (size_t)row * stride_xm + k0 + 8 * c));
-            // v holds k+0..k+7 as (lo, hi) halves of .x .y .z .w
-            const u32 p04 = (v.x & 0xFFFFu) | (v.z << 16), p15 = (v.x >> 16) | (v.z & 0xFFFF0000u);
-            const u32 p26 = (v.y & 0xFFFFu) | (v.w << 16), p37 = (v.y >> 16) | (v.w & 0xFFFF0000u);
-            const int g = row & 7, hi_row = row >> 3;
-            u32* quad = xs32 + ((((size_t)g * segments + s) * 4 + ii) * 4 + j) * 8;  // 2 quads: t = 0, 1
-            quad[0 + hi_row] = p04;      // t = 0, h = 0
-            quad[2 + hi_row] = p15;      // t = 0, h = 1
-            quad[4 + hi_row] = p26;      // t = 1, h = 0
-            quad[6 + hi_row] = p37;      // t = 1, h = 1
-        }
-    }
-    __syncthreads();
-
-    // 2. the weight stream, double-buffered in registers
-    const int n_warp = blockIdx.x * 128 + warp * 32;
-    const unsigned char* crow[4];
-    const unsigned char* srow[4];
-    for (int ng = 0; ng < 4; ++ng) {
-        const size_t n = (size_t)(n_warp + ng * 8 + g);
-        crow[ng] = codes + n * (size_t)(K >> 1) + (k0 >> 1) + 16 * i;
-        srow[ng] = scodes + n * (size_t)(K >> 4) + (k0 >> 4) + 2 * i;
-    }
-    float acc[4][4];
-    for (int ng = 0; ng < 4; ++ng) for (int c = 0; c < 4; ++c) acc[ng][c] = 0.f;
-    const uint4* xs_lane = xs + ((size_t)g * segments * 16 + i * 4) * 2;  // + s * 32 per segment
-    Segment A, B;
-    load_segment(A, crow, srow, 0);
-    int s = 0;
-    for (; s + 1 < segments; s += 2) {
-        load_segment(B, crow, srow, s + 1);
-        compute_segment(acc, A, xs_lane + s * 32);
-        if (s + 2 < segments) load_segment(A, crow, srow, s + 2);
-        compute_segment(acc, B, xs_lane + (s + 1) * 32);
-    }
-    if (s < segments) compute_segment(acc, A, xs_lane + s * 32);
-
-    // 3. epilogue: c0, c1 = tokens g, rows 2i, 2i+1 of the group; c2, c3 = token g + 8
-    const float out_scale = gs[0] * 128.f;
-    if (split == 1) {
-        for (int ng = 0; ng < 4; ++ng) {
-            const int n = n_warp + ng * 8 + 2 * i;
-            for (int c = 0; c < 4; ++c) {
-                const int m = g + (c >> 1) * 8, nn = n + (c & 1);
-                if (m < M) {
-                    float v = acc[ng][c] * out_scale;
-                    if (has_bias) v += __uint_as_float((u32)bias[nn] << 16);
-                    out[(size_t)m * N + nn] = to_bf16(v);
+            uint4 b[NT];
+#pragma unroll
+            for (int h = 0; h < NT; ++h) b[h] = live ? xq[((t * 4 + j) * NT + h) * ts] : make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                const uint4 qg = seg.q[2 * mt][t], qg8 = seg.q[2 * mt + 1][t];
+                const u32 wg = j == 0 ? qg.x : j == 1 ? qg.y : j == 2 ? qg.z : qg.w;
+                const u32 wg8 = j == 0 ? qg8.x : j == 1 ? qg8.y : j == 2 ? qg8.z : qg8.w;
+                u32 a0, a1, a2, a3, c0, c1, c2, c3;  // row g: (k, k+4), (k+1, k+5), (k+2, k+6), (k+3, k+7); c: row g+8
+                decode(wg, sc[2 * mt][j >> 1], a0, a1, a2, a3);
+                decode(wg8, sc[2 * mt + 1][j >> 1], c0, c1, c2, c3);
+#pragma unroll
+                for (int h = 0; h < NT; ++h) {
+                    mma(acc[mt][h], a0, c0, a1, c1, b[h].x, b[h].y);
+                    mma(acc[mt][h], a2, c2, a3, c3, b[h].z, b[h].w);
                 }
             }
         }
-        return;
     }
-    const size_t MN = (size_t)M * N;
-    for (int ng = 0; ng < 4; ++ng) {
-        const int n = n_warp + ng * 8 + 2 * i;
-        for (int c = 0; c < 4; ++c) {
-            const int m = g + (c >> 1) * 8;
-            if (m < M) partial[blockIdx.y * MN + (size_t)m * N + n + (c & 1)] = acc[ng][c] * out_scale;
+}
+
+extern "C" __global__ void __launch_bounds__(128, MINB) CLUSTER_ATTR w4a16_small(
+    const u16* __restrict__ x, const unsigned char* __restrict__ codes, const unsigned char* __restrict__ scodes,
+    const float* __restrict__ gs, const u16* __restrict__ bias, u16* __restrict__ out,
+    int M, int N, int K, int stride_xm, int has_bias, int ring_offset, int gm)
+{
+    const int ts = 4 * gm;  // quads per token tile in shared memory: gm tokens stored (M rounded up)
+    extern __shared__ uint4 xs[];  // B quads [segment][j][h][g][i]; after the K loop: the partials
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, i = lane & 3;
+    const int rw = warp / KW, kw = warp % KW;
+    const int S = K / (128 * LOADS), parts = CLUSTER * KW, rank = blockIdx.y;  // grid.y == CLUSTER: rank in the cluster
+    const int sb = rank * KW * S / parts, se = (rank + 1) * KW * S / parts;                // the block's segments
+    const int ws = (rank * KW + kw) * S / parts, nseg = (rank * KW + kw + 1) * S / parts - ws;  // the warp's
+
+    // 1. the first DEPTH segments of codes, in flight while the activations are staged
+    const size_t n0 = (size_t)blockIdx.x * (ROWS * RW) + rw * ROWS + g;
+    const unsigned char* crow = codes + n0 * (size_t)(K >> 1) + (size_t)ws * LOADS * 64 + 16 * i;
+    const unsigned char* srow = scodes + n0 * (size_t)(K >> 4) + (size_t)ws * LOADS * 8 + 2 * i;
+    const size_t crow_step = (size_t)8 * (K >> 1), srow_step = (size_t)8 * (K >> 4);
+#if STAGES > 0
+    unsigned char* ring = (unsigned char*)xs + ring_offset + warp * STAGES * SLOT_BYTES;
+#pragma unroll
+    for (int r = 0; r < STAGES - 1; ++r) {
+        if (r < nseg) issue_segment(ring + r * SLOT_BYTES, crow, srow, crow_step, srow_step, r, lane, i);
+        cp_async_commit();
+    }
+#else
+    Segment ring[DEPTH];
+#pragma unroll
+    for (int r = 0; r < DEPTH; ++r)
+        if (r < nseg) load_segment(ring[r], crow, srow, crow_step, srow_step, r);
+#endif
+
+    // 2. activations -> shared memory: a thread takes 8 consecutive values of a token (one 16-byte
+    //    load: k = 128 s + 32 i + 8 j + 0..7, chunk c = 16 s + 4 i + j) and writes the pairs
+    //    (k, k+4), (k+1, k+5), (k+2, k+6), (k+3, k+7) as one quad; tokens >= M are zeros.
+    const int chunks = (se - sb) * LOADS * 16;
+    for (int c = tid; c < chunks; c += 128) {
+        const int s = c >> 4, ii = (c >> 2) & 3, j = c & 3;
+#pragma unroll
+        for (int tok = 0; tok < gm * NT; ++tok) {
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (tok < M) v = __ldg((const uint4*)(x + (size_t)tok * stride_xm + (size_t)sb * LOADS * 128 + 8 * c));
+            xs[((s * 4 + j) * NT + (tok >> 3)) * ts + (tok & 7) * 4 + ii] = make_uint4(
+                (v.x & 0xFFFFu) | (v.z << 16), (v.x >> 16) | (v.z & 0xFFFF0000u),
+                (v.y & 0xFFFFu) | (v.w << 16), (v.y >> 16) | (v.w & 0xFFFF0000u));
         }
     }
-    __threadfence();
-    __shared__ int last;
     __syncthreads();
-    if (tid == 0) last = atomicAdd(&counters[blockIdx.x], 1) == split - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    for (int e = tid; e < M * 128; e += 128) {  // this block's 128 rows, all tokens, splits in order
-        const int m = e >> 7, nn = blockIdx.x * 128 + (e & 127);
-        float v = 0.f;
-        for (int sp = 0; sp < split; ++sp) v += __ldcg(&partial[sp * MN + (size_t)m * N + nn]);
-        if (has_bias) v += __uint_as_float((u32)bias[nn] << 16);
-        out[(size_t)m * N + nn] = to_bf16(v);
+
+    // 3. the K loop: compute segment s while segments s+1 .. s+DEPTH-1 are in flight
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < NT; ++h)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[mt][h][c] = 0.f;
+    const uint4* xq = xs + (ws - sb) * LOADS * 4 * NT * ts + g * 4 + i;
+#if STAGES > 0
+    for (int s = 0; s < nseg; ++s) {
+        cp_async_wait<STAGES - 2>();  // segment s has landed (this lane's bytes only: no barrier)
+        Segment seg;
+        read_segment(seg, ring + (s % STAGES) * SLOT_BYTES, lane, i);
+        if (s + STAGES - 1 < nseg)  // into the slot read one iteration ago (its values already used)
+            issue_segment(ring + ((s + STAGES - 1) % STAGES) * SLOT_BYTES, crow, srow, crow_step, srow_step,
+                          s + STAGES - 1, lane, i);
+        cp_async_commit();
+        compute_segment(acc, seg, xq + s * LOADS * 4 * NT * ts, ts, g < gm);
     }
-    if (tid == 0) counters[blockIdx.x] = 0;  // ready for the next call
+#else
+    for (int s0 = 0; s0 < nseg; s0 += DEPTH) {
+#pragma unroll
+        for (int r = 0; r < DEPTH; ++r) {
+            const int s = s0 + r;
+            if (s < nseg) {
+                compute_segment(acc, ring[r], xq + s * LOADS * 4 * NT * ts, ts, g < gm);
+                if (s + DEPTH < nseg) load_segment(ring[r], crow, srow, crow_step, srow_step, s + DEPTH);
+            }
+        }
+    }
+#endif
+
+    // 4. split-K: partials [warp][32 rows][8 NT tokens] in shared memory (over the activations)
+    __syncthreads();
+    float* red = (float*)xs;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < NT; ++h)
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+                red[(warp * ROWS + 16 * mt + g + 8 * (c >> 1)) * RED_STRIDE + 8 * h + 2 * i + (c & 1)] = acc[mt][h][c];
+#if CLUSTER > 1
+    cluster_sync();  // every block's partials are written and visible to the cluster
+#else
+    __syncthreads();
+#endif
+    // block `rank` sums rows [r0, r1) of the block's 32 RW over (cluster block, K warp), in that order
+    const int rows = ROWS * RW, r0 = rank * rows / CLUSTER, r1 = (rank + 1) * rows / CLUSTER;
+    const float out_scale = gs[0] * 128.f;
+    for (int e = tid; e < (r1 - r0) * M; e += 128) {
+        const int row = r0 + e % (r1 - r0), tok = e / (r1 - r0);
+        const float* p = red + ((row / ROWS) * KW * ROWS + row % ROWS) * RED_STRIDE + tok;
+        float v = 0.f;
+#pragma unroll
+        for (int src = 0; src < CLUSTER; ++src)
+#pragma unroll
+            for (int k = 0; k < KW; ++k) {
+#if CLUSTER > 1
+                v += ld_cluster(p + k * ROWS * RED_STRIDE, src);
+#else
+                v += p[k * ROWS * RED_STRIDE];
+#endif
+            }
+        v *= out_scale;
+        const int n = blockIdx.x * rows + row;
+        if (has_bias) v += __uint_as_float((u32)bias[n] << 16);
+        out[(size_t)tok * N + n] = to_bf16(v);
+    }
+#if CLUSTER > 1
+    cluster_sync();  // no block leaves while another still reads its shared memory
+#endif
 }
 """
     )
@@ -229,7 +363,7 @@ def _ensure_nvrtc() -> None:
 
 def available() -> bool:
     """NVRTC through torch (``torch.cuda._compile_kernel``, private but present since torch 2.8), its
-    library, and a CUDA device with ``mma.sync`` BF16 (sm_80+) and ``mul.rn.bf16x2`` (sm_90+)."""
+    library, and a CUDA device with clusters and ``mul.rn.bf16x2`` (sm_90+)."""
     if not (torch.cuda.is_available() and hasattr(torch.cuda, "_compile_kernel")):
         return False
     if torch.cuda.get_device_capability()[0] < 9:
@@ -242,44 +376,90 @@ def available() -> bool:
 
 
 @functools.cache
-def _kernel(device_index: int):
+def _kernel(device_index: int, p: Plan):
     major, minor = torch.cuda.get_device_capability(device_index)
     with torch.cuda.device(device_index):
-        return torch.cuda._compile_kernel(_source(), "w4a16_m16", compute_capability=f"{major}{minor}")
+        return torch.cuda._compile_kernel(_source(p), "w4a16_small", compute_capability=f"{major}{minor}")
 
 
-def plan_split(N: int, K: int, sm_count: int) -> int | None:
-    """Split-K for this kernel, or None when it does not apply (N % 128, K % 128).
+def stored_tokens(p: Plan, M: int) -> int:
+    """Tokens per 8-token tile kept in shared memory: M rounded up to a power of two (8 for two tiles);
+    the lanes of the other tokens feed zeros to the MMA without reading shared memory."""
+    return 8 if p.nt == 2 else 1 << max(M - 1, 0).bit_length()
 
-    About one wave of resident blocks (4 per SM at ~104 registers and <= 32 KB of shared memory):
-    the split that divides K into 128-multiples of at most 1024 closest to ``4 * SMs / row tiles``.
-    On the H100 this picked the fastest of all valid splits at M=1 for the four bench shapes
-    (NOTES.md); GB10 (48 SMs) is not measured.
+
+def _ring_offset(p: Plan, M: int, K: int) -> int:
+    """Bytes before the cp.async rings: the activations (at most ``ceil(S / cluster)`` segments of
+    ``256 B * loads`` per stored token) or the split-K partials, whichever is larger."""
+    segments = -(-(K // (128 * p.loads)) // p.cluster)
+    return max(segments * p.loads * 256 * stored_tokens(p, M) * p.nt, 4 * p.rows * (8 * p.nt + 1) * 4)
+
+
+def shared_bytes(p: Plan, M: int, K: int) -> int:
+    """Dynamic shared memory of a block: activations / partials, then each warp's cp.async ring."""
+    return _ring_offset(p, M, K) + 4 * p.stages * (p.rows // 8) * p.loads * 32 * 20
+
+
+def valid(p: Plan, M: int, N: int, K: int) -> bool:
+    """Whether ``p`` tiles this problem: M fits its token tiles, whole blocks of rows, every warp at
+    least one K segment, shared memory within :data:`MAX_SMEM`."""
+    return (
+        0 < M <= 8 * p.nt
+        and N % (p.rows * p.rw) == 0
+        and K % (128 * p.loads) == 0
+        and K // (128 * p.loads) >= p.cluster * (4 // p.rw)
+        and shared_bytes(p, M, K) <= MAX_SMEM
+    )
+
+
+def plan(M: int, N: int, K: int, sm_count: int) -> Plan | None:
+    """The tiling for ``[M, K] x [N, K]^T``, or None where the kernel does not apply (M > 16,
+    N % 32, K % 128, or nothing fits in shared memory).
+
+    Rules fitted to a sweep of every tiling on the H100 (NOTES.md; GB10's 48 SMs are not measured):
+
+    * K is split into ``parts`` = cluster x K-warps per block, the power of two nearest to
+      ``8 * SMs`` warps in all; at equal parts, smaller clusters (more K-warps per block) first;
+    * the codes stream through a 3-stage cp.async ring in shared memory, unless M > 8 and the ring
+      would take the block over 64 KB (the activations of 16 tokens are large: one block per SM),
+      or nothing else fits; then through registers, two 256-wide segments deep.
     """
-    if N % ROWS_PER_BLOCK or K % 128:
+    if not 0 < M <= 16 or N % 32 or K % 128:
         return None
-    segments = K // 128
-    valid = [d for d in range(1, segments + 1) if segments % d == 0 and K // d <= MAX_K_RANGE]
-    target = 4 * sm_count / (N // ROWS_PER_BLOCK)
-    return min(valid, key=lambda d: (abs(d - target), d))
+    nt = 1 if M <= 8 else 2
+    target = math.log2(max(8 * sm_count * 32 / N, 1.0))
+    best = None
+    for cluster in (1, 2, 4, 8):
+        for rw in (1, 2, 4):
+            p = Plan(nt, cluster, rw, 1, stages=3, minb=4)
+            if not valid(p, M, N, K) or (nt == 2 and shared_bytes(p, M, K) > 64 * 1024):
+                p = Plan(nt, cluster, rw, 2, loads=2 if K % 256 == 0 else 1)
+            if not valid(p, M, N, K):
+                continue
+            key = (abs(math.log2(cluster * 4 // rw) - target), cluster)
+            if best is None or key < best[0]:
+                best = (key, p)
+    return None if best is None else best[1]
 
 
-def w4a16_m16(x2, data, scale_codes, global_scale, bias, out, counters, split: int) -> None:
-    """Launch (all tensors on one CUDA device; x2 BF16 [M, K] with unit stride, M <= 16)."""
+def w4a16_small(x2, data, scale_codes, global_scale, bias, out, p: Plan) -> None:
+    """Launch (all tensors on one CUDA device; x2 BF16 [M, K] with unit stride)."""
     M, K = x2.shape
     N = data.shape[0]
-    k_range = K // split
-    if M > 16 or N % ROWS_PER_BLOCK or K % split or k_range % 128 or k_range > MAX_K_RANGE:
+    if not valid(p, M, N, K):
         raise ValueError(
-            f"CUDA W4A16 kernel: needs M <= 16, N % {ROWS_PER_BLOCK} == 0 and K / split a multiple of 128 "
-            f"up to {MAX_K_RANGE}; got M={M}, N={N}, K={K}, split={split} (see plan_split)"
+            f"CUDA W4A16 kernel: the tiling {p} does not fit M={M}, N={N}, K={K} (needs M <= {8 * p.nt}, "
+            f"N % {p.rows * p.rw} == 0, K % {128 * p.loads} == 0, at least one K segment per warp and "
+            f"{shared_bytes(p, M, K)} <= {MAX_SMEM} bytes of shared memory; see plan)"
         )
     if x2.stride(0) % 8 or x2.data_ptr() % 16:  # rows are read with 16-byte loads
         x2 = x2.contiguous()
-    partial = torch.empty((split, M, N), dtype=torch.float32, device=x2.device) if split > 1 else out
-    kernel = _kernel(x2.device.index if x2.device.index is not None else torch.cuda.current_device())
+    kernel = _kernel(x2.device.index if x2.device.index is not None else torch.cuda.current_device(), p)
+    smem = shared_bytes(p, M, K)
+    if smem >= 48 * 1024:
+        kernel.set_shared_memory_config(smem)
     kernel(
-        grid=(N // ROWS_PER_BLOCK, split, 1),
+        grid=(N // (p.rows * p.rw), p.cluster, 1),
         block=(128, 1, 1),
         args=[
             x2,
@@ -288,15 +468,13 @@ def w4a16_m16(x2, data, scale_codes, global_scale, bias, out, counters, split: i
             global_scale,
             bias if bias is not None else out,
             out,
-            partial,
-            counters,
             M,
             N,
             K,
-            k_range,
-            split,
             x2.stride(0),
             int(bias is not None),
+            _ring_offset(p, M, K),
+            stored_tokens(p, M),
         ],
-        shared_mem=16 * k_range * 2,
+        shared_mem=smem,
     )

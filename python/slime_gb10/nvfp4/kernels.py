@@ -15,10 +15,11 @@ W4A16 GEMM ``y = x @ dequantize(W)^T``: the ModelOpt bytes stream as they are, w
 byte per 16 weights (:func:`prepare_w4a16`, once per weight); an inline-PTX decoder turns two codes
 into a BF16x2 register in five instructions, exactly (``e2m1 * s * 2**-7``), and feeds BF16 tensor-core
 MMAs (Hopper has no FP4 MMA); the global scale multiplies the FP32 result. Two kernels share the
-decoder: a CUDA one compiled at run time with NVRTC (:mod:`~slime_gb10.nvfp4._cuda_w4a16`, M <= 4)
-and a Triton one (``tl.dot``, any M; split-K fills the GPU when M is small). Measured on an H100
-(BENCHMARKS.md, NOTES.md): 1.2-1.6x of BF16 cuBLAS at M <= 4 and 1.1x at M = 16 on 4096-14336 wide
-layers (the format allows ~3.5x), slower than BF16 above; for large M :func:`w4a16_linear`
+decoder: a CUDA one compiled at run time with NVRTC (:mod:`~slime_gb10.nvfp4._cuda_w4a16`, M <= 16:
+weights as the MMA's A operand, a cp.async ring, split-K reduced in a thread-block cluster) and a
+Triton one (``tl.dot``, any M; split-K fills the GPU when M is small). Measured on an H100
+(BENCHMARKS.md, NOTES.md): about 2x of BF16 cuBLAS at M <= 4 and 1.3-1.5x at M = 16 on 4096-14336
+wide layers (the format allows ~3.5x), slower than BF16 above; for large M :func:`w4a16_linear`
 dequantizes and calls cuBLAS instead (0.5-0.9x of BF16).
 """
 
@@ -223,7 +224,7 @@ def _cuda_engine_available(device_index: int) -> bool:
     if not _cuda_w4a16.available():
         return False
     try:
-        _cuda_w4a16._kernel(device_index)  # NVRTC compile, once per device
+        _cuda_w4a16._kernel(device_index, _cuda_w4a16.Plan(1, 1, 1, 1, stages=3, minb=4))  # NVRTC compile
     except Exception as exc:  # no NVRTC library, an unsupported arch: the Triton kernel instead
         import warnings
 
@@ -357,10 +358,11 @@ def w4a16_matmul(
     :func:`w4a16_config` (keys BM, BN, BK, split, num_warps, num_stages, optional maxnreg);
     ``use_asm`` forces the decoder (default: the inline-PTX one on sm_90+); ``out`` is an optional
     contiguous BF16 ``[M, N]`` output buffer. ``engine``: ``"cuda"`` (the NVRTC kernel of
-    :mod:`~slime_gb10.nvfp4._cuda_w4a16`: M <= 16, N and K multiples of 128, sm_90+), ``"triton"``,
-    or None: CUDA for M <= 4 where it applies (where it is faster) and neither ``config`` nor ``use_asm``
-    is given, else Triton. ``SLIME_GB10_W4A16_ENGINE=triton`` turns the CUDA kernel off. One kernel launch (split-K reduces in-kernel, using
-    per-device-and-stream tile counters that the kernel resets: do not run two calls on one stream
+    :mod:`~slime_gb10.nvfp4._cuda_w4a16`: M <= 16, N % 32 == 0, K % 128 == 0, sm_90+), ``"triton"``,
+    or None: CUDA where it applies (it is faster there) and neither ``config`` nor ``use_asm`` is given,
+    else Triton. ``SLIME_GB10_W4A16_ENGINE=triton`` turns the CUDA kernel off. One kernel launch
+    (split-K reduces in-kernel: in shared memory for the CUDA kernel; with per-device-and-stream tile
+    counters that the kernel resets for the Triton one: do not run two Triton calls on one stream
     concurrently from different threads).
     """
     _check_device(x)
@@ -384,27 +386,25 @@ def w4a16_matmul(
         return out.reshape(*lead, N)
     has_bias = bias is not None
     if engine is None:
-        cuda_fits = M <= 4 and N % 128 == 0 and K % 128 == 0 and config is None and use_asm is None
+        cuda_fits = M <= 16 and N % 32 == 0 and K % 128 == 0 and config is None and use_asm is None
         engine = "cuda" if cuda_fits and _cuda_engine_ok(x.device) else "triton"
     if engine == "cuda":
         from slime_gb10.nvfp4 import _cuda_w4a16
 
-        split = _cuda_w4a16.plan_split(N, K, _sm_count(x.device))
-        if split is None or M > 16:
+        tiling = _cuda_w4a16.plan(M, N, K, _sm_count(x.device))
+        if tiling is None:
             raise ValueError(
-                f"the CUDA W4A16 kernel takes M <= 16, N % 128 == 0 and K % 128 == 0; got M={M}, N={N}, "
+                f"the CUDA W4A16 kernel takes M <= 16, N % 32 == 0 and K % 128 == 0; got M={M}, N={N}, "
                 f"K={K}: use engine='triton'"
             )
-        counters = _split_counters(x.device, N // _cuda_w4a16.ROWS_PER_BLOCK)
-        _cuda_w4a16.w4a16_m16(
+        _cuda_w4a16.w4a16_small(
             x2,
             w.data,
             w.scale_codes,
             w.global_scale,
             bias.contiguous() if has_bias else None,
             out,
-            counters,
-            split,
+            tiling,
         )
         return out.reshape(*lead, N)
     cfg = config or w4a16_config(M, N, K, _sm_count(x.device))

@@ -823,7 +823,7 @@ print(json.dumps(res))
 
 @register_check("w4a16_kernels", gpu=True)
 def check_w4a16_kernels(ctx: DoctorContext) -> CheckResult:
-    """NVFP4Linear's w4a16 kernels run and are right: the CUDA one (NVRTC, M <= 4) and the Triton one."""
+    """NVFP4Linear's w4a16 kernels run and are right: the CUDA one (NVRTC, M <= 16) and the Triton one."""
     if not _installed("triton"):
         return _skip("w4a16_kernels", "Triton is not installed: w4a16 dequantizes and calls cuBLAS")
     child = run_child_python(_W4A16, ctx.timeout_s)
@@ -845,8 +845,8 @@ def check_w4a16_kernels(ctx: DoctorContext) -> CheckResult:
     if not data["cuda_available"]:
         return _warn(
             "w4a16_kernels",
-            f"Triton kernel correct (rel. error {triton_err:.1g}); the CUDA kernel for M <= 4 is unavailable "
-            "(NVRTC not found, torch without torch.cuda._compile_kernel, or a pre-Hopper GPU): M <= 4 runs "
+            f"Triton kernel correct (rel. error {triton_err:.1g}); the CUDA kernel for M <= 16 is unavailable "
+            "(NVRTC not found, torch without torch.cuda._compile_kernel, or a pre-Hopper GPU): M <= 16 runs "
             "slower, on the Triton kernel",
             "put a CUDA 13 toolkit with lib/libnvrtc.so under CUDA_HOME (the flake's shell does), or "
             "pip install nvidia-cuda-nvrtc",
@@ -862,7 +862,7 @@ def check_w4a16_kernels(ctx: DoctorContext) -> CheckResult:
         )
     return _ok(
         "w4a16_kernels",
-        f"CUDA (NVRTC, M <= 4) and Triton kernels correct (rel. error {cuda_err:.1g}, {triton_err:.1g})",
+        f"CUDA (NVRTC, M <= 16) and Triton kernels correct (rel. error {cuda_err:.1g}, {triton_err:.1g})",
         **data,
     )
 
