@@ -568,7 +568,11 @@ def test_sglang_router_is_optional_but_a_broken_one_warns(tmp_path, monkeypatch)
 @pytest.mark.parametrize(
     ("child", "status", "phrase"),
     [
-        ({"cuda_available": True, "cuda": 1.7e-3, "triton": 1.6e-3}, "ok", "CUDA (NVRTC, M <= 16) and Triton"),
+        (
+            {"cuda_available": True, "cuda": 1.7e-3, "triton": 1.6e-3},
+            "ok",
+            "CUDA (NVRTC, M <= 16) and Triton",
+        ),
         ({"cuda_available": False, "triton": 1.6e-3}, "warn", "CUDA kernel for M <= 16 is unavailable"),
         (
             {"cuda_available": True, "cuda": 0.4, "triton": 1.6e-3},
