@@ -1,7 +1,12 @@
 """Device check of the CUDA W4A16 kernel (development tool; the benchmark of record is
 `slime-gb10 bench nvfp4`): correctness of every tiling against float64 (poisoned outputs, bias),
 then a timing sweep of all valid tilings against BF16 cuBLAS (CUDA graphs, weight copies rotating
-through more than L2), marking the one `plan` picks. Writes the sweep as JSON to argv[1] if given."""
+through more than L2), marking the one `plan` picks. Writes the sweep as JSON to argv[1] if given.
+
+    python3 benchmarks/nvfp4/check_cuda_w4a16.py [sweep.json]
+    ncu ... python3 benchmarks/nvfp4/check_cuda_w4a16.py profile M N K nt cluster rw depth rows loads stages minb
+
+The second form runs one tiling and BF16 cuBLAS four times each on that shape, for ``ncu``."""
 
 import itertools
 import json
@@ -13,7 +18,32 @@ from slime_gb10.nvfp4 import _cuda_w4a16 as cuda
 from slime_gb10.nvfp4 import bench, kernels
 from slime_gb10.nvfp4.format import NVFP4Tensor, dequantize_reference, quantize
 
+
+def weight_copies(n: int, k: int):
+    """A BF16 weight, its prepared NVFP4 copies and BF16 copies: enough of each to stream from HBM."""
+    w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
+    q = quantize(w)
+    ps = [
+        kernels.prepare_w4a16(
+            NVFP4Tensor(q.data.clone(), q.scale.clone(), q.global_scale.clone(), q.shape, q.dtype)
+        )
+        for _ in range(bench._copies(q.nbytes))
+    ]
+    return ps, [w.clone() for _ in range(bench._copies(w.numel() * 2))]
+
+
 torch.manual_seed(0)
+if sys.argv[1:2] == ["profile"]:
+    M, N, K, *tiling = (int(v) for v in sys.argv[2:])
+    ps, ws = weight_copies(N, K)
+    x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
+    for i in range(4):
+        p = ps[i % len(ps)]
+        cuda.w4a16_small(x, p.data, p.scale_codes, p.global_scale, None, out, cuda.Plan(*tiling))
+        torch.matmul(x, ws[i % len(ws)].T)
+    torch.cuda.synchronize()
+    sys.exit(0)
 sms = torch.cuda.get_device_properties(0).multi_processor_count
 ALL = [
     cuda.Plan(nt, c, rw, 2, rows, loads, 0, 1)
@@ -60,16 +90,8 @@ print(f"checked {checked} (shape, tiling) pairs; worst rel err {worst:.2e}", flu
 
 rows = []
 for n, k in [(4096, 4096), (14336, 4096), (4096, 14336), (896, 4864)]:
-    w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
-    q = quantize(w)
-    copies = bench._copies(q.nbytes)
-    ps = [
-        kernels.prepare_w4a16(
-            NVFP4Tensor(q.data.clone(), q.scale.clone(), q.global_scale.clone(), q.shape, q.dtype)
-        )
-        for _ in range(copies)
-    ]
-    ws = [w.clone() for _ in range(bench._copies(w.numel() * 2))]
+    ps, ws = weight_copies(n, k)
+    copies = len(ps)
     for m in (1, 4, 16):
         xs = [torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for _ in range(2)]
         t_bf16 = bench.graph_time(
