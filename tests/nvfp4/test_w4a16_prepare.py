@@ -108,3 +108,20 @@ def test_cuda_kernel_shared_memory():
     assert cuda.valid(p, 8, 4096, 4096) and not cuda.valid(p, 9, 4096, 4096)
     assert not cuda.valid(cuda.Plan(1, 8, 1, 2), 1, 4096, 128 * 31)  # 32 K-parts, 31 segments
     assert not cuda.valid(cuda.Plan(1, 1, 1, 2), 8, 4096, 14336)  # 112 KB of activations
+
+
+def test_cuda_kernel_stays_under_48_kb_without_the_opt_in(monkeypatch):
+    """A torch whose NVRTC kernels cannot opt in above 48 KB (no ``set_shared_memory_config``): the
+    57 KB tiling of M = 16, K = 14336 is not valid and nothing else fits, so the plan is None (the
+    Triton kernel runs) instead of a launch that fails."""
+    from torch.cuda import _utils
+
+    from slime_gb10.nvfp4 import _cuda_w4a16 as cuda
+
+    big = cuda.Plan(2, 8, 4, 2, rows=32, loads=2)
+    assert cuda.valid(big, 16, 4096, 14336)  # this torch has the opt-in
+    monkeypatch.setattr(_utils, "_CudaKernel", type("OldKernel", (), {}))
+    assert cuda.max_shared_bytes() == 48 * 1024
+    assert not cuda.valid(big, 16, 4096, 14336)
+    assert cuda.plan(16, 4096, 14336, 132) is None
+    assert cuda.plan(1, 4096, 4096, 132) == cuda.Plan(1, 2, 1, 1, stages=3, minb=4)  # small tilings unchanged

@@ -37,6 +37,15 @@ import torch
 MAX_SMEM = 96 * 1024  # dynamic shared memory per block (above 48 KB by opting in; GB10 allows 99 KB)
 
 
+def max_shared_bytes() -> int:
+    """:data:`MAX_SMEM` where torch's NVRTC kernels can opt in above 48 KB
+    (``_CudaKernel.set_shared_memory_config``, private), else the 48 KB every kernel gets."""
+    from torch.cuda import _utils
+
+    kernel_class = getattr(_utils, "_CudaKernel", None)
+    return MAX_SMEM if hasattr(kernel_class, "set_shared_memory_config") else 48 * 1024
+
+
 class Plan(NamedTuple):
     """A tiling of the kernel.
 
@@ -402,13 +411,13 @@ def shared_bytes(p: Plan, M: int, K: int) -> int:
 
 def valid(p: Plan, M: int, N: int, K: int) -> bool:
     """Whether ``p`` tiles this problem: M fits its token tiles, whole blocks of rows, every warp at
-    least one K segment, shared memory within :data:`MAX_SMEM`."""
+    least one K segment, shared memory within :func:`max_shared_bytes`."""
     return (
         0 < M <= 8 * p.nt
         and N % (p.rows * p.rw) == 0
         and K % (128 * p.loads) == 0
         and K // (128 * p.loads) >= p.cluster * (4 // p.rw)
-        and shared_bytes(p, M, K) <= MAX_SMEM
+        and shared_bytes(p, M, K) <= max_shared_bytes()
     )
 
 
@@ -450,7 +459,7 @@ def w4a16_small(x2, data, scale_codes, global_scale, bias, out, p: Plan) -> None
         raise ValueError(
             f"CUDA W4A16 kernel: the tiling {p} does not fit M={M}, N={N}, K={K} (needs M <= {8 * p.nt}, "
             f"N % {p.rows * p.rw} == 0, K % {128 * p.loads} == 0, at least one K segment per warp and "
-            f"{shared_bytes(p, M, K)} <= {MAX_SMEM} bytes of shared memory; see plan)"
+            f"{shared_bytes(p, M, K)} <= {max_shared_bytes()} bytes of shared memory; see plan)"
         )
     if x2.stride(0) % 8 or x2.data_ptr() % 16:  # rows are read with 16-byte loads
         x2 = x2.contiguous()
