@@ -3,11 +3,12 @@
 then a timing sweep of all valid tilings against BF16 cuBLAS (CUDA graphs, weight copies rotating
 through more than L2), marking the one `plan` picks. Writes the sweep as JSON to argv[1] if given.
 
-    python3 benchmarks/nvfp4/check_cuda_w4a16.py [sweep.json]
-    ncu ... python3 benchmarks/nvfp4/check_cuda_w4a16.py profile M N K nt cluster rw depth rows loads stages minb
+    python3 benchmarks/nvfp4/check_cuda_w4a16.py [sweep.json [M,M,...]]   (timed M: 1,4,16 by default)
+    ncu ... python3 benchmarks/nvfp4/check_cuda_w4a16.py profile M N K nt cluster rw depth rows loads stages minb window
 
 The second form runs one tiling and BF16 cuBLAS four times each on that shape, for ``ncu``."""
 
+import concurrent.futures
 import itertools
 import json
 import sys
@@ -45,17 +46,33 @@ if sys.argv[1:2] == ["profile"]:
     torch.cuda.synchronize()
     sys.exit(0)
 sms = torch.cuda.get_device_properties(0).multi_processor_count
-ALL = [
-    cuda.Plan(nt, c, rw, 2, rows, loads, 0, 1)
-    for nt, c, rw, (rows, loads) in itertools.product(
-        (1, 2), (1, 2, 4, 8), (4, 2, 1), ((32, 1), (16, 2), (32, 2))
-    )
-] + [
-    cuda.Plan(nt, c, rw, 1, rows, loads, stages, minb)
-    for nt, c, rw, (rows, loads), stages, minb in itertools.product(
-        (1, 2), (1, 2, 4, 8), (4, 2, 1), ((32, 1), (16, 2), (32, 2)), (3, 4), (1, 4)
-    )
-]
+ALL = (
+    [
+        cuda.Plan(nt, c, rw, 2, rows, loads, 0, 1)
+        for nt, c, rw, (rows, loads) in itertools.product(
+            (1, 2), (1, 2, 4, 8), (4, 2, 1), ((32, 1), (16, 2), (32, 2))
+        )
+    ]
+    + [
+        cuda.Plan(nt, c, rw, 1, rows, loads, stages, minb)
+        for nt, c, rw, (rows, loads), stages, minb in itertools.product(
+            (1, 2), (1, 2, 4, 8), (4, 2, 1), ((32, 1), (16, 2), (32, 2)), (3, 4), (1, 4)
+        )
+    ]
+    + [
+        cuda.Plan(nt, c, rw, 1, 32, 1, 3, minb, window)
+        for nt, c, rw, minb, window in itertools.product(
+            (3, 4), (1, 2, 4, 8), (4, 2, 1), (1, 2), (1, 2, 4, 0)
+        )
+    ]
+)
+TIMED_M = [int(m) for m in sys.argv[2].split(",")] if len(sys.argv) > 2 else [1, 4, 16]
+# NVRTC releases the GIL: compile every tiling up front, on all cores
+try:
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda pl: (torch.cuda.set_device(0), cuda._kernel(0, pl)), ALL))
+except Exception as e:  # compiled one by one below instead
+    print("parallel compile failed:", e)
 worst, checked = 0.0, 0
 for M, N, K, bias in [
     (1, 128, 512, False),
@@ -65,6 +82,10 @@ for M, N, K, bias in [
     (13, 4096, 4096, True),
     (5, 14336, 4096, False),
     (1, 4096, 14336, True),
+    (20, 256, 1024, True),
+    (27, 896, 4864, False),
+    (32, 4096, 4096, True),
+    (25, 4096, 14336, False),
 ]:
     w = torch.randn(N, K, device="cuda") * 0.05
     q = quantize(w)
@@ -73,7 +94,7 @@ for M, N, K, bias in [
     b = torch.randn(N, device="cuda").to(torch.bfloat16) if bias else None
     ref = x.double() @ dequantize_reference(q, torch.float64).T + (b.double() if bias else 0)
     for pl in ALL:
-        if not cuda.valid(pl, M, N, K):
+        if not cuda.valid(pl, M, N, K) or (pl.nt > 2 and pl.nt != -(-M // 8)):
             continue
         out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
         cuda.w4a16_small(x, p.data, p.scale_codes, p.global_scale, b, out, pl)
@@ -92,7 +113,7 @@ rows = []
 for n, k in [(4096, 4096), (14336, 4096), (4096, 14336), (896, 4864)]:
     ps, ws = weight_copies(n, k)
     copies = len(ps)
-    for m in (1, 4, 16):
+    for m in TIMED_M:
         xs = [torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for _ in range(2)]
         t_bf16 = bench.graph_time(
             [lambda i=i, xs=xs, ws=ws: torch.matmul(xs[i % 2], ws[i].T) for i in range(len(ws))], 2 * len(ws)
@@ -101,7 +122,7 @@ for n, k in [(4096, 4096), (14336, 4096), (4096, 14336), (896, 4864)]:
         chosen = cuda.plan(m, n, k, sms)
         res = []
         for pl in ALL:
-            if not cuda.valid(pl, m, n, k) or pl.nt != (1 if m <= 8 else 2):
+            if not cuda.valid(pl, m, n, k) or pl.nt != -(-m // 8):
                 continue
             t = bench.graph_time(
                 [

@@ -260,12 +260,17 @@ def _cuda_engine():
         (8, 896, 4864, True),
         (13, 4096, 4096, True),
         (1, 4096, 14336, True),
+        (20, 256, 1024, True),
+        (27, 896, 4864, False),
+        (32, 4096, 4096, True),
+        (25, 4096, 14336, False),
     ],
 )
 def test_cuda_w4a16_matches_reference_with_poisoned_output(kernels, M, N, K, bias):
     """Every pipeline and split of the CUDA kernel against float64: the plan's choice, and tilings
     with clusters of 1 and 8, 1 and 4 row-warps per block, 16-row warps with 256-wide segments, and
-    both the cp.async ring and the register ring; outputs start as NaN, so a missed element fails."""
+    both the cp.async ring and the register ring (M <= 16), or activations staged in windows of 1 and
+    2 segments and all at once (M = 17..32); outputs start as NaN, so a missed element fails."""
     cuda = _cuda_engine()
     g = torch.Generator(device="cuda").manual_seed(M * 7 + N + K)
     w = torch.randn(N, K, device="cuda", generator=g) * 0.05
@@ -274,16 +279,15 @@ def test_cuda_w4a16_matches_reference_with_poisoned_output(kernels, M, N, K, bia
     q = quantize_reference(w)
     expected = x.double() @ dequantize_reference(q, torch.float64).T + (b.double() if bias else 0)
     p = kernels.prepare_w4a16(q)
-    nt = 1 if M <= 8 else 2
+    nt = -(-M // 8)
+    if nt <= 2:
+        variants = [(2, 32, 1, 0, 1, 0), (2, 16, 2, 0, 1, 0), (1, 32, 1, 3, 4, 0), (1, 16, 2, 4, 1, 0)]
+    else:
+        variants = [(1, 32, 1, 3, 1, window) for window in (1, 2, 0)]
     candidates = [cuda.plan(M, N, K, 132)] + [
-        cuda.Plan(nt, cluster, rw, depth, rows, loads, stages, minb)
+        cuda.Plan(nt, cluster, rw, *variant)
         for cluster, rw in ((1, 4), (8, 1), (2, 2))
-        for depth, rows, loads, stages, minb in (
-            (2, 32, 1, 0, 1),
-            (2, 16, 2, 0, 1),
-            (1, 32, 1, 3, 4),
-            (1, 16, 2, 4, 1),
-        )
+        for variant in variants
     ]
     tried = 0
     for tiling in candidates:
@@ -296,7 +300,7 @@ def test_cuda_w4a16_matches_reference_with_poisoned_output(kernels, M, N, K, bia
         assert err < 1e-2, (tiling, err)
         tried += 1
     assert tried >= 4
-    # through the public entry point (M <= 16 picks this kernel by itself)
+    # through the public entry point (M <= 32 picks this kernel by itself)
     got = kernels.w4a16_matmul(x, p, b)
     assert float((got.double() - expected).norm() / expected.norm()) < 1e-2
 

@@ -88,7 +88,14 @@ def test_cuda_kernel_plan():
     # M = 16, K = 14336, 8 parts: cluster 2 or 4 would stage 229 or 114 KB of activations; cluster 8
     # stages 57 KB, plus a 30 KB ring is over 64 KB, so the codes go through registers (256 wide)
     assert cuda.plan(16, 4096, 14336, 132) == cuda.Plan(2, 8, 4, 2, rows=32, loads=2)
-    assert cuda.plan(17, 4096, 4096, 132) is None
+    # M = 17..32: the cp.async ring and the widest activation window within 96 KB. 4096 rows: 8 parts
+    # -> 4 segments per warp; a segment of 4 K-warps x 256 B x 8 tokens x 4 tiles is 32 KB, so with the
+    # 30 KB ring a window of 2 (94 KB); 14336 rows: 2 K-warps -> 16 KB a segment, window 4; 896 rows
+    # at M = 20: 32 parts -> 2 segments of 24 KB, all staged at once (window 0)
+    assert cuda.plan(32, 4096, 4096, 132) == cuda.Plan(4, 2, 1, 1, stages=3, window=2)
+    assert cuda.plan(32, 14336, 4096, 132) == cuda.Plan(4, 1, 2, 1, stages=3, window=4)
+    assert cuda.plan(20, 896, 4864, 132) == cuda.Plan(3, 8, 1, 1, stages=3)
+    assert cuda.plan(33, 4096, 4096, 132) is None
     assert cuda.plan(1, 4100, 4096, 132) is None  # N not a multiple of 32
     assert cuda.plan(1, 4096, 4000, 132) is None  # K not a multiple of 128
 
@@ -108,6 +115,12 @@ def test_cuda_kernel_shared_memory():
     assert cuda.valid(p, 8, 4096, 4096) and not cuda.valid(p, 9, 4096, 4096)
     assert not cuda.valid(cuda.Plan(1, 8, 1, 2), 1, 4096, 128 * 31)  # 32 K-parts, 31 segments
     assert not cuda.valid(cuda.Plan(1, 1, 1, 2), 8, 4096, 14336)  # 112 KB of activations
+    # a window: 4 K-warps x 2 segments x 256 B x 8 tokens x 4 tiles, then the ring
+    wide = cuda.Plan(4, 2, 1, 1, stages=3, window=2)
+    assert cuda.window(wide, 4096) == 2 and cuda.window(wide._replace(window=0), 4096) == 4
+    assert cuda.shared_bytes(wide, 32, 4096) == 4 * 2 * 256 * 8 * 4 + 30720
+    assert cuda.valid(wide, 32, 4096, 4096) and not cuda.valid(wide, 33, 4096, 4096)
+    assert not cuda.valid(cuda.Plan(4, 2, 1, 2, window=2), 32, 4096, 4096)  # the register ring stages once
 
 
 def test_cuda_kernel_stays_under_48_kb_without_the_opt_in(monkeypatch):

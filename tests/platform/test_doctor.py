@@ -571,9 +571,9 @@ def test_sglang_router_is_optional_but_a_broken_one_warns(tmp_path, monkeypatch)
         (
             {"cuda_available": True, "cuda": 1.7e-3, "triton": 1.6e-3},
             "ok",
-            "CUDA (NVRTC, M <= 16) and Triton",
+            "CUDA (NVRTC, M <= 32) and Triton",
         ),
-        ({"cuda_available": False, "triton": 1.6e-3}, "warn", "CUDA kernel for M <= 16 is unavailable"),
+        ({"cuda_available": False, "triton": 1.6e-3}, "warn", "CUDA kernel for M <= 32 is unavailable"),
         (
             {"cuda_available": True, "cuda": 0.4, "triton": 1.6e-3},
             "fail",

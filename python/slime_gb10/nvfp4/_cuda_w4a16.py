@@ -52,7 +52,10 @@ class Plan(NamedTuple):
     ``nt``: token tiles of 8 (M <= 8 nt); ``cluster``: blocks of a cluster splitting K; ``rw``: warps
     per block with their own rows (the other ``4 // rw`` warps split the block's K range); ``depth``:
     segments of codes in flight per warp; ``rows``: weight rows per warp (16 or 32); ``loads``:
-    16-byte loads per row and segment (a segment is ``128 * loads`` wide in K).
+    16-byte loads per row and segment (a segment is ``128 * loads`` wide in K); ``stages``: slots of
+    the cp.async ring (0: a register ring of ``depth``); ``minb``: blocks per SM the registers are
+    capped for; ``window``: segments per K-warp whose activations are staged at a time (0: all of
+    them, once; the cp.async ring restages every ``window`` segments).
     """
 
     nt: int
@@ -63,6 +66,7 @@ class Plan(NamedTuple):
     loads: int = 1
     stages: int = 0
     minb: int = 1
+    window: int = 0
 
 
 def _source(p: Plan) -> str:
@@ -89,7 +93,7 @@ __device__ __forceinline__ void decode(u32 q, u32 s2, u32& r0, u32& r1, u32& r2,
 }
 
 __device__ __forceinline__ void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
@@ -180,6 +184,30 @@ __device__ __forceinline__ void read_segment(Segment& seg, const unsigned char* 
 }
 #endif
 
+// Activations -> shared memory for segments [s0, s0 + window) of every K-warp of the block (K-warp
+// kw's at quad (kw * window + local segment) * LOADS * 4 * NT * ts): a thread takes 8 consecutive
+// values of a token (one 16-byte load: k = 128 u + 32 ii + 8 j + 0..7 of 128-wide unit u) and writes
+// the pairs (k, k+4), (k+1, k+5), (k+2, k+6), (k+3, k+7) as one quad; tokens >= M are zeros.
+__device__ __forceinline__ void stage_window(uint4* xs, const u16* __restrict__ x, int M, int stride_xm, int S,
+                                             int parts, int rank, int s0, int window, int ts, int gm, int tid) {
+    const int per_warp = window * LOADS * 16;  // 16-byte chunks of one K-warp's window
+    for (int c = tid; c < KW * per_warp; c += 128) {
+        const int kw = c / per_warp, cw = c % per_warp, u = cw >> 4, ii = (cw >> 2) & 3, j = cw & 3;
+        const int ws = (rank * KW + kw) * S / parts, we = (rank * KW + kw + 1) * S / parts;
+        if ((ws + s0) * LOADS + u >= we * LOADS) continue;  // past this K-warp's segments
+        const size_t k = (size_t)((ws + s0) * LOADS + u) * 128 + 32 * ii + 8 * j;
+        uint4* dst = xs + ((kw * window * LOADS + u) * 4 + j) * NT * ts + ii;
+#pragma unroll
+        for (int tok = 0; tok < gm * NT; ++tok) {
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (tok < M) v = __ldg((const uint4*)(x + (size_t)tok * stride_xm + k));
+            dst[(tok >> 3) * ts + (tok & 7) * 4] = make_uint4(
+                (v.x & 0xFFFFu) | (v.z << 16), (v.x >> 16) | (v.z & 0xFFFF0000u),
+                (v.y & 0xFFFFu) | (v.w << 16), (v.y >> 16) | (v.w & 0xFFFF0000u));
+        }
+    }
+}
+
 // acc[mt][h]: rows 16 mt + (g, g+8) x tokens 8 h + (2i, 2i+1). xq: this lane's B quads of the segment,
 // quad (t, j, h) at xq[((t * 4 + j) * NT + h) * ts] (ts = 4 * tokens stored per tile; lanes of tokens
 // not stored (`live` false) take zeros) = {x(k), x(k+4)}, {x(k+1), x(k+5)}, {x(k+2), x(k+6)},
@@ -199,20 +227,25 @@ __device__ __forceinline__ void compute_segment(float (*acc)[NT][4], const Segme
             uint4 b[NT];
 #pragma unroll
             for (int h = 0; h < NT; ++h) b[h] = live ? xq[((t * 4 + j) * NT + h) * ts] : make_uint4(0, 0, 0, 0);
+            u32 a[MT][4], c[MT][4];  // row g: (k, k+4), (k+1, k+5), (k+2, k+6), (k+3, k+7); c: row g+8
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
                 const uint4 qg = seg.q[2 * mt][t], qg8 = seg.q[2 * mt + 1][t];
                 const u32 wg = j == 0 ? qg.x : j == 1 ? qg.y : j == 2 ? qg.z : qg.w;
                 const u32 wg8 = j == 0 ? qg8.x : j == 1 ? qg8.y : j == 2 ? qg8.z : qg8.w;
-                u32 a0, a1, a2, a3, c0, c1, c2, c3;  // row g: (k, k+4), (k+1, k+5), (k+2, k+6), (k+3, k+7); c: row g+8
-                decode(wg, sc[2 * mt][j >> 1], a0, a1, a2, a3);
-                decode(wg8, sc[2 * mt + 1][j >> 1], c0, c1, c2, c3);
-#pragma unroll
-                for (int h = 0; h < NT; ++h) {
-                    mma(acc[mt][h], a0, c0, a1, c1, b[h].x, b[h].y);
-                    mma(acc[mt][h], a2, c2, a3, c3, b[h].z, b[h].w);
-                }
+                decode(wg, sc[2 * mt][j >> 1], a[mt][0], a[mt][1], a[mt][2], a[mt][3]);
+                decode(wg8, sc[2 * mt + 1][j >> 1], c[mt][0], c[mt][1], c[mt][2], c[mt][3]);
             }
+            // the first k-half of every (row tile, token tile), then the second: no MMA waits on
+            // the one before it (they accumulate into different registers)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int h = 0; h < NT; ++h) mma(acc[mt][h], a[mt][0], c[mt][0], a[mt][1], c[mt][1], b[h].x, b[h].y);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int h = 0; h < NT; ++h) mma(acc[mt][h], a[mt][2], c[mt][2], a[mt][3], c[mt][3], b[h].z, b[h].w);
         }
     }
 }
@@ -220,7 +253,7 @@ __device__ __forceinline__ void compute_segment(float (*acc)[NT][4], const Segme
 extern "C" __global__ void __launch_bounds__(128, MINB) CLUSTER_ATTR w4a16_small(
     const u16* __restrict__ x, const unsigned char* __restrict__ codes, const unsigned char* __restrict__ scodes,
     const float* __restrict__ gs, const u16* __restrict__ bias, u16* __restrict__ out,
-    int M, int N, int K, int stride_xm, int has_bias, int ring_offset, int gm)
+    int M, int N, int K, int stride_xm, int has_bias, int ring_offset, int gm, int window)
 {
     const int ts = 4 * gm;  // quads per token tile in shared memory: gm tokens stored (M rounded up)
     extern __shared__ uint4 xs[];  // B quads [segment][j][h][g][i]; after the K loop: the partials
@@ -228,8 +261,8 @@ extern "C" __global__ void __launch_bounds__(128, MINB) CLUSTER_ATTR w4a16_small
     const int g = lane >> 2, i = lane & 3;
     const int rw = warp / KW, kw = warp % KW;
     const int S = K / (128 * LOADS), parts = CLUSTER * KW, rank = blockIdx.y;  // grid.y == CLUSTER: rank in the cluster
-    const int sb = rank * KW * S / parts, se = (rank + 1) * KW * S / parts;                // the block's segments
-    const int ws = (rank * KW + kw) * S / parts, nseg = (rank * KW + kw + 1) * S / parts - ws;  // the warp's
+    const int ws = (rank * KW + kw) * S / parts, nseg = (rank * KW + kw + 1) * S / parts - ws;  // the warp's segments
+    const int nmax = (S + parts - 1) / parts;  // the most segments any warp has: the block's loop count
 
     // 1. the first DEPTH segments of codes, in flight while the activations are staged
     const size_t n0 = (size_t)blockIdx.x * (ROWS * RW) + rw * ROWS + g;
@@ -250,24 +283,9 @@ extern "C" __global__ void __launch_bounds__(128, MINB) CLUSTER_ATTR w4a16_small
         if (r < nseg) load_segment(ring[r], crow, srow, crow_step, srow_step, r);
 #endif
 
-    // 2. activations -> shared memory: a thread takes 8 consecutive values of a token (one 16-byte
-    //    load: k = 128 s + 32 i + 8 j + 0..7, chunk c = 16 s + 4 i + j) and writes the pairs
-    //    (k, k+4), (k+1, k+5), (k+2, k+6), (k+3, k+7) as one quad; tokens >= M are zeros.
-    const int chunks = (se - sb) * LOADS * 16;
-    for (int c = tid; c < chunks; c += 128) {
-        const int s = c >> 4, ii = (c >> 2) & 3, j = c & 3;
-#pragma unroll
-        for (int tok = 0; tok < gm * NT; ++tok) {
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (tok < M) v = __ldg((const uint4*)(x + (size_t)tok * stride_xm + (size_t)sb * LOADS * 128 + 8 * c));
-            xs[((s * 4 + j) * NT + (tok >> 3)) * ts + (tok & 7) * 4 + ii] = make_uint4(
-                (v.x & 0xFFFFu) | (v.z << 16), (v.x >> 16) | (v.z & 0xFFFF0000u),
-                (v.y & 0xFFFFu) | (v.w << 16), (v.y >> 16) | (v.w & 0xFFFF0000u));
-        }
-    }
-    __syncthreads();
-
-    // 3. the K loop: compute segment s while segments s+1 .. s+DEPTH-1 are in flight
+    // 3. the K loop: compute segment s while segments s+1 .. s+DEPTH-1 are in flight; the
+    //    activations of each K-warp's next `window` segments are staged every `window` segments
+    //    (once, for most shapes: the window holds all of them)
     float acc[MT][NT][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -275,19 +293,28 @@ extern "C" __global__ void __launch_bounds__(128, MINB) CLUSTER_ATTR w4a16_small
         for (int h = 0; h < NT; ++h)
 #pragma unroll
             for (int c = 0; c < 4; ++c) acc[mt][h][c] = 0.f;
-    const uint4* xq = xs + (ws - sb) * LOADS * 4 * NT * ts + g * 4 + i;
+    const uint4* xq = xs + kw * window * LOADS * 4 * NT * ts + g * 4 + i;
 #if STAGES > 0
-    for (int s = 0; s < nseg; ++s) {
-        cp_async_wait<STAGES - 2>();  // segment s has landed (this lane's bytes only: no barrier)
-        Segment seg;
-        read_segment(seg, ring + (s % STAGES) * SLOT_BYTES, lane, i);
-        if (s + STAGES - 1 < nseg)  // into the slot read one iteration ago (its values already used)
-            issue_segment(ring + ((s + STAGES - 1) % STAGES) * SLOT_BYTES, crow, srow, crow_step, srow_step,
-                          s + STAGES - 1, lane, i);
-        cp_async_commit();
-        compute_segment(acc, seg, xq + s * LOADS * 4 * NT * ts, ts, g < gm);
+    for (int s = 0; s < nmax; ++s) {
+        if (s % window == 0) {  // uniform across the block
+            if (s) __syncthreads();  // every warp is done with the last window
+            stage_window(xs, x, M, stride_xm, S, parts, rank, s, window, ts, gm, tid);
+            __syncthreads();
+        }
+        if (s < nseg) {
+            cp_async_wait<STAGES - 2>();  // segment s has landed (this lane's bytes only: no barrier)
+            Segment seg;
+            read_segment(seg, ring + (s % STAGES) * SLOT_BYTES, lane, i);
+            if (s + STAGES - 1 < nseg)  // into the slot read one iteration ago (its values already used)
+                issue_segment(ring + ((s + STAGES - 1) % STAGES) * SLOT_BYTES, crow, srow, crow_step, srow_step,
+                              s + STAGES - 1, lane, i);
+            cp_async_commit();
+            compute_segment(acc, seg, xq + (s % window) * LOADS * 4 * NT * ts, ts, g < gm);
+        }
     }
 #else
+    stage_window(xs, x, M, stride_xm, S, parts, rank, 0, window, ts, gm, tid);  // window >= nmax (valid())
+    __syncthreads();
     for (int s0 = 0; s0 < nseg; s0 += DEPTH) {
 #pragma unroll
         for (int r = 0; r < DEPTH; ++r) {
@@ -321,17 +348,20 @@ extern "C" __global__ void __launch_bounds__(128, MINB) CLUSTER_ATTR w4a16_small
     for (int e = tid; e < (r1 - r0) * M; e += 128) {
         const int row = r0 + e % (r1 - r0), tok = e / (r1 - r0);
         const float* p = red + ((row / ROWS) * KW * ROWS + row % ROWS) * RED_STRIDE + tok;
-        float v = 0.f;
+        float part[CLUSTER * KW];  // all loads in flight, then summed in a fixed order
 #pragma unroll
         for (int src = 0; src < CLUSTER; ++src)
 #pragma unroll
             for (int k = 0; k < KW; ++k) {
 #if CLUSTER > 1
-                v += ld_cluster(p + k * ROWS * RED_STRIDE, src);
+                part[src * KW + k] = ld_cluster(p + k * ROWS * RED_STRIDE, src);
 #else
-                v += p[k * ROWS * RED_STRIDE];
+                part[src * KW + k] = p[k * ROWS * RED_STRIDE];
 #endif
             }
+        float v = 0.f;
+#pragma unroll
+        for (int q = 0; q < CLUSTER * KW; ++q) v += part[q];
         v *= out_scale;
         const int n = blockIdx.x * rows + row;
         if (has_bias) v += __uint_as_float((u32)bias[n] << 16);
@@ -392,16 +422,27 @@ def _kernel(device_index: int, p: Plan):
 
 
 def stored_tokens(p: Plan, M: int) -> int:
-    """Tokens per 8-token tile kept in shared memory: M rounded up to a power of two (8 for two tiles);
-    the lanes of the other tokens feed zeros to the MMA without reading shared memory."""
-    return 8 if p.nt == 2 else 1 << max(M - 1, 0).bit_length()
+    """Tokens per 8-token tile kept in shared memory: M rounded up to a power of two (8 for more than
+    one tile); the lanes of the other tokens feed zeros to the MMA without reading shared memory."""
+    return 8 if p.nt > 1 else 1 << max(M - 1, 0).bit_length()
+
+
+def warp_segments(p: Plan, K: int) -> int:
+    """The most K segments a warp has (``ceil(segments / (cluster * K-warps))``)."""
+    return -(-(K // (128 * p.loads)) // (p.cluster * (4 // p.rw)))
+
+
+def window(p: Plan, K: int) -> int:
+    """Segments per K-warp staged at a time: ``p.window`` (0: all)."""
+    most = warp_segments(p, K)
+    return min(p.window, most) if p.window else most
 
 
 def _ring_offset(p: Plan, M: int, K: int) -> int:
-    """Bytes before the cp.async rings: the activations (at most ``ceil(S / cluster)`` segments of
-    ``256 B * loads`` per stored token) or the split-K partials, whichever is larger."""
-    segments = -(-(K // (128 * p.loads)) // p.cluster)
-    return max(segments * p.loads * 256 * stored_tokens(p, M) * p.nt, 4 * p.rows * (8 * p.nt + 1) * 4)
+    """Bytes before the cp.async rings: a window of activations (``256 B * loads`` per segment, K-warp
+    and stored token) or the split-K partials, whichever is larger."""
+    act = (4 // p.rw) * window(p, K) * p.loads * 256 * stored_tokens(p, M) * p.nt
+    return max(act, 4 * p.rows * (8 * p.nt + 1) * 4)
 
 
 def shared_bytes(p: Plan, M: int, K: int) -> int:
@@ -410,45 +451,64 @@ def shared_bytes(p: Plan, M: int, K: int) -> int:
 
 
 def valid(p: Plan, M: int, N: int, K: int) -> bool:
-    """Whether ``p`` tiles this problem: M fits its token tiles, whole blocks of rows, every warp at
-    least one K segment, shared memory within :func:`max_shared_bytes`."""
+    """Whether ``p`` tiles this problem: M fits its token tiles (at most 8), whole blocks of rows,
+    every warp at least one K segment, the register ring's activations staged once, shared memory
+    within :func:`max_shared_bytes`."""
     return (
-        0 < M <= 8 * p.nt
+        0 < M <= 8 * p.nt <= MAX_M
         and N % (p.rows * p.rw) == 0
         and K % (128 * p.loads) == 0
         and K // (128 * p.loads) >= p.cluster * (4 // p.rw)
+        and (p.stages > 0 or window(p, K) == warp_segments(p, K))
         and shared_bytes(p, M, K) <= max_shared_bytes()
     )
 
 
+MAX_M = 32  # above, the activations staged per block outweigh the codes it streams (NOTES.md)
+
+
 def plan(M: int, N: int, K: int, sm_count: int) -> Plan | None:
-    """The tiling for ``[M, K] x [N, K]^T``, or None where the kernel does not apply (M > 16,
+    """The tiling for ``[M, K] x [N, K]^T``, or None where the kernel does not apply (M > 32,
     N % 32, K % 128, or nothing fits in shared memory).
 
-    Rules fitted to a sweep of every tiling on the H100 (NOTES.md; GB10's 48 SMs are not measured):
+    Rules fitted to sweeps of every tiling on the H100 (NOTES.md; GB10's 48 SMs are not measured):
 
     * K is split into ``parts`` = cluster x K-warps per block, the power of two nearest to
       ``8 * SMs`` warps in all; at equal parts, smaller clusters (more K-warps per block) first;
-    * the codes stream through a 3-stage cp.async ring in shared memory, unless M > 8 and the ring
-      would take the block over 64 KB (the activations of 16 tokens are large: one block per SM),
-      or nothing else fits; then through registers, two 256-wide segments deep.
+    * M <= 16: the codes stream through a 3-stage cp.async ring in shared memory, unless M > 8 and
+      the ring would take the block over 64 KB (the activations of 16 tokens are large: one block
+      per SM), or nothing else fits; then through registers, two 256-wide segments deep;
+    * M = 17..32: the cp.async ring, and the activations staged in the largest window that fits
+      (every window costs the block a barrier and a wait on its loads).
     """
-    if not 0 < M <= 16 or N % 32 or K % 128:
+    if not 0 < M <= MAX_M or N % 32 or K % 128:
         return None
-    nt = 1 if M <= 8 else 2
+    nt = -(-M // 8)
     target = math.log2(max(8 * sm_count * 32 / N, 1.0))
     best = None
     for cluster in (1, 2, 4, 8):
         for rw in (1, 2, 4):
-            p = Plan(nt, cluster, rw, 1, stages=3, minb=4)
-            if not valid(p, M, N, K) or (nt == 2 and shared_bytes(p, M, K) > 64 * 1024):
-                p = Plan(nt, cluster, rw, 2, loads=2 if K % 256 == 0 else 1)
-            if not valid(p, M, N, K):
+            if nt > 2:
+                p = _widest_window(Plan(nt, cluster, rw, 1, stages=3), M, N, K)
+            else:
+                p = Plan(nt, cluster, rw, 1, stages=3, minb=4)
+                if not valid(p, M, N, K) or (nt == 2 and shared_bytes(p, M, K) > 64 * 1024):
+                    p = Plan(nt, cluster, rw, 2, loads=2 if K % 256 == 0 else 1)
+            if p is None or not valid(p, M, N, K):
                 continue
             key = (abs(math.log2(cluster * 4 // rw) - target), cluster)
             if best is None or key < best[0]:
                 best = (key, p)
     return None if best is None else best[1]
+
+
+def _widest_window(p: Plan, M: int, N: int, K: int) -> Plan | None:
+    """``p`` with the largest activation window that fits (all segments if they do), else None."""
+    for w in range(warp_segments(p, K), 0, -1):
+        q = p._replace(window=0 if w == warp_segments(p, K) else w)
+        if valid(q, M, N, K):
+            return q
+    return None
 
 
 def w4a16_small(x2, data, scale_codes, global_scale, bias, out, p: Plan) -> None:
@@ -457,7 +517,7 @@ def w4a16_small(x2, data, scale_codes, global_scale, bias, out, p: Plan) -> None
     N = data.shape[0]
     if not valid(p, M, N, K):
         raise ValueError(
-            f"CUDA W4A16 kernel: the tiling {p} does not fit M={M}, N={N}, K={K} (needs M <= {8 * p.nt}, "
+            f"CUDA W4A16 kernel: the tiling {p} does not fit M={M}, N={N}, K={K} (needs M <= {8 * p.nt} <= {MAX_M}, "
             f"N % {p.rows * p.rw} == 0, K % {128 * p.loads} == 0, at least one K segment per warp and "
             f"{shared_bytes(p, M, K)} <= {max_shared_bytes()} bytes of shared memory; see plan)"
         )
@@ -484,6 +544,7 @@ def w4a16_small(x2, data, scale_codes, global_scale, bias, out, p: Plan) -> None
             int(bias is not None),
             _ring_offset(p, M, K),
             stored_tokens(p, M),
+            window(p, K),
         ],
         shared_mem=smem,
     )

@@ -15,7 +15,7 @@ W4A16 GEMM ``y = x @ dequantize(W)^T``: the ModelOpt bytes stream as they are, w
 byte per 16 weights (:func:`prepare_w4a16`, once per weight); an inline-PTX decoder turns two codes
 into a BF16x2 register in five instructions, exactly (``e2m1 * s * 2**-7``), and feeds BF16 tensor-core
 MMAs (Hopper has no FP4 MMA); the global scale multiplies the FP32 result. Two kernels share the
-decoder: a CUDA one compiled at run time with NVRTC (:mod:`~slime_gb10.nvfp4._cuda_w4a16`, M <= 16:
+decoder: a CUDA one compiled at run time with NVRTC (:mod:`~slime_gb10.nvfp4._cuda_w4a16`, M <= 32:
 weights as the MMA's A operand, a cp.async ring, split-K reduced in a thread-block cluster) and a
 Triton one (``tl.dot``, any M; split-K fills the GPU when M is small). Measured on an H100
 (BENCHMARKS.md, NOTES.md): about 2x of BF16 cuBLAS at M <= 4 and 1.3-1.5x at M = 16 on 4096-14336
@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from slime_gb10.nvfp4 import _cuda_w4a16
 from slime_gb10.nvfp4.format import (
     BLOCK_SIZE,
     NVFP4Tensor,
@@ -197,7 +198,7 @@ def dequantize_triton(q: NVFP4Tensor, dtype: torch.dtype | None = None) -> torch
 
 #: Largest M for which :func:`w4a16_linear` uses the fused kernel; above it, dequantize + cuBLAS.
 #: Measured by ``slime-gb10 bench nvfp4`` (see BENCHMARKS.md); overridable per call.
-FUSED_MAX_M = 16
+FUSED_MAX_M = 32
 
 
 @functools.cache
@@ -219,8 +220,6 @@ def asm_supported(device: torch.device) -> bool:
 
 @functools.cache
 def _cuda_engine_available(device_index: int) -> bool:
-    from slime_gb10.nvfp4 import _cuda_w4a16
-
     if not _cuda_w4a16.available():
         return False
     try:
@@ -322,7 +321,7 @@ def w4a16_config(M: int, N: int, K: int, sm_count: int) -> dict:
 
 def fused_is_faster(M: int, N: int, K: int) -> bool:
     """Whether :func:`w4a16_linear` takes the fused kernel: measured crossover on the H100 (the
-    fused kernel beats dequantize + cuBLAS up to M=16, and up to M=64 on large weights)."""
+    fused kernels beat dequantize + cuBLAS up to M=32, and up to M=64 on large weights)."""
     return M <= FUSED_MAX_M or (M <= 64 and N * K >= 1 << 25)
 
 
@@ -358,7 +357,7 @@ def w4a16_matmul(
     :func:`w4a16_config` (keys BM, BN, BK, split, num_warps, num_stages, optional maxnreg);
     ``use_asm`` forces the decoder (default: the inline-PTX one on sm_90+); ``out`` is an optional
     contiguous BF16 ``[M, N]`` output buffer. ``engine``: ``"cuda"`` (the NVRTC kernel of
-    :mod:`~slime_gb10.nvfp4._cuda_w4a16`: M <= 16, N % 32 == 0, K % 128 == 0, sm_90+), ``"triton"``,
+    :mod:`~slime_gb10.nvfp4._cuda_w4a16`: M <= 32, N % 32 == 0, K % 128 == 0, sm_90+), ``"triton"``,
     or None: CUDA where it applies (it is faster there) and neither ``config`` nor ``use_asm`` is given,
     else Triton. ``SLIME_GB10_W4A16_ENGINE=triton`` turns the CUDA kernel off. One kernel launch
     (split-K reduces in-kernel: in shared memory for the CUDA kernel; with per-device-and-stream tile
@@ -386,15 +385,15 @@ def w4a16_matmul(
         return out.reshape(*lead, N)
     has_bias = bias is not None
     if engine is None:
-        cuda_fits = M <= 16 and N % 32 == 0 and K % 128 == 0 and config is None and use_asm is None
+        cuda_fits = (
+            M <= _cuda_w4a16.MAX_M and N % 32 == 0 and K % 128 == 0 and config is None and use_asm is None
+        )
         engine = "cuda" if cuda_fits and _cuda_engine_ok(x.device) else "triton"
     if engine == "cuda":
-        from slime_gb10.nvfp4 import _cuda_w4a16
-
         tiling = _cuda_w4a16.plan(M, N, K, _sm_count(x.device))
         if tiling is None:
             raise ValueError(
-                f"the CUDA W4A16 kernel takes M <= 16, N % 32 == 0 and K % 128 == 0; got M={M}, N={N}, "
+                f"the CUDA W4A16 kernel takes M <= {_cuda_w4a16.MAX_M}, N % 32 == 0 and K % 128 == 0; got M={M}, N={N}, "
                 f"K={K}: use engine='triton'"
             )
         _cuda_w4a16.w4a16_small(
