@@ -77,7 +77,7 @@ def _source(p: Plan) -> str:
     return (
         f"#define NT {p.nt}\n#define CLUSTER {p.cluster}\n#define RW {p.rw}\n#define DEPTH {p.depth}\n"
         f"#define ROWS {p.rows}\n#define LOADS {p.loads}\n#define STAGES {p.stages}\n#define MINB {p.minb}\n"
-        f"#define CLUSTER_ATTR {cluster_attr}\n"
+        f"#define CLUSTER_ATTR {cluster_attr}\n#define WINDOWED {int(p.window > 0)}\n"
         + r"""
 #define KW (4 / RW)
 #define MT (ROWS / 16)  /* m16 tiles per warp */
@@ -93,7 +93,7 @@ __device__ __forceinline__ void decode(u32 q, u32 s2, u32& r0, u32& r1, u32& r2,
 }
 
 __device__ __forceinline__ void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
@@ -184,6 +184,7 @@ __device__ __forceinline__ void read_segment(Segment& seg, const unsigned char* 
 }
 #endif
 
+#if WINDOWED
 // Activations -> shared memory for segments [s0, s0 + window) of every K-warp of the block (K-warp
 // kw's at quad (kw * window + local segment) * LOADS * 4 * NT * ts): a thread takes 8 consecutive
 // values of a token (one 16-byte load: k = 128 u + 32 ii + 8 j + 0..7 of 128-wide unit u) and writes
@@ -207,6 +208,7 @@ __device__ __forceinline__ void stage_window(uint4* xs, const u16* __restrict__ 
         }
     }
 }
+#endif
 
 // acc[mt][h]: rows 16 mt + (g, g+8) x tokens 8 h + (2i, 2i+1). xq: this lane's B quads of the segment,
 // quad (t, j, h) at xq[((t * 4 + j) * NT + h) * ts] (ts = 4 * tokens stored per tile; lanes of tokens
@@ -227,25 +229,20 @@ __device__ __forceinline__ void compute_segment(float (*acc)[NT][4], const Segme
             uint4 b[NT];
 #pragma unroll
             for (int h = 0; h < NT; ++h) b[h] = live ? xq[((t * 4 + j) * NT + h) * ts] : make_uint4(0, 0, 0, 0);
-            u32 a[MT][4], c[MT][4];  // row g: (k, k+4), (k+1, k+5), (k+2, k+6), (k+3, k+7); c: row g+8
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
                 const uint4 qg = seg.q[2 * mt][t], qg8 = seg.q[2 * mt + 1][t];
                 const u32 wg = j == 0 ? qg.x : j == 1 ? qg.y : j == 2 ? qg.z : qg.w;
                 const u32 wg8 = j == 0 ? qg8.x : j == 1 ? qg8.y : j == 2 ? qg8.z : qg8.w;
-                decode(wg, sc[2 * mt][j >> 1], a[mt][0], a[mt][1], a[mt][2], a[mt][3]);
-                decode(wg8, sc[2 * mt + 1][j >> 1], c[mt][0], c[mt][1], c[mt][2], c[mt][3]);
+                u32 a0, a1, a2, a3, c0, c1, c2, c3;  // row g: (k, k+4), (k+1, k+5), (k+2, k+6), (k+3, k+7); c: row g+8
+                decode(wg, sc[2 * mt][j >> 1], a0, a1, a2, a3);
+                decode(wg8, sc[2 * mt + 1][j >> 1], c0, c1, c2, c3);
+#pragma unroll
+                for (int h = 0; h < NT; ++h) {
+                    mma(acc[mt][h], a0, c0, a1, c1, b[h].x, b[h].y);
+                    mma(acc[mt][h], a2, c2, a3, c3, b[h].z, b[h].w);
+                }
             }
-            // the first k-half of every (row tile, token tile), then the second: no MMA waits on
-            // the one before it (they accumulate into different registers)
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int h = 0; h < NT; ++h) mma(acc[mt][h], a[mt][0], c[mt][0], a[mt][1], c[mt][1], b[h].x, b[h].y);
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int h = 0; h < NT; ++h) mma(acc[mt][h], a[mt][2], c[mt][2], a[mt][3], c[mt][3], b[h].z, b[h].w);
         }
     }
 }
@@ -262,7 +259,6 @@ extern "C" __global__ void __launch_bounds__(128, MINB) CLUSTER_ATTR w4a16_small
     const int rw = warp / KW, kw = warp % KW;
     const int S = K / (128 * LOADS), parts = CLUSTER * KW, rank = blockIdx.y;  // grid.y == CLUSTER: rank in the cluster
     const int ws = (rank * KW + kw) * S / parts, nseg = (rank * KW + kw + 1) * S / parts - ws;  // the warp's segments
-    const int nmax = (S + parts - 1) / parts;  // the most segments any warp has: the block's loop count
 
     // 1. the first DEPTH segments of codes, in flight while the activations are staged
     const size_t n0 = (size_t)blockIdx.x * (ROWS * RW) + rw * ROWS + g;
@@ -283,9 +279,6 @@ extern "C" __global__ void __launch_bounds__(128, MINB) CLUSTER_ATTR w4a16_small
         if (r < nseg) load_segment(ring[r], crow, srow, crow_step, srow_step, r);
 #endif
 
-    // 3. the K loop: compute segment s while segments s+1 .. s+DEPTH-1 are in flight; the
-    //    activations of each K-warp's next `window` segments are staged every `window` segments
-    //    (once, for most shapes: the window holds all of them)
     float acc[MT][NT][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -293,19 +286,22 @@ extern "C" __global__ void __launch_bounds__(128, MINB) CLUSTER_ATTR w4a16_small
         for (int h = 0; h < NT; ++h)
 #pragma unroll
             for (int c = 0; c < 4; ++c) acc[mt][h][c] = 0.f;
+#if WINDOWED
+    // 2+3. the K loop, restaging the activations of each K-warp's next `window` segments every
+    //      `window` segments (the block's loop count is uniform: nmax; warps past their segments idle)
+    const int nmax = (S + parts - 1) / parts;
     const uint4* xq = xs + kw * window * LOADS * 4 * NT * ts + g * 4 + i;
-#if STAGES > 0
     for (int s = 0; s < nmax; ++s) {
-        if (s % window == 0) {  // uniform across the block
+        if (s % window == 0) {
             if (s) __syncthreads();  // every warp is done with the last window
             stage_window(xs, x, M, stride_xm, S, parts, rank, s, window, ts, gm, tid);
             __syncthreads();
         }
         if (s < nseg) {
-            cp_async_wait<STAGES - 2>();  // segment s has landed (this lane's bytes only: no barrier)
+            cp_async_wait<STAGES - 2>();
             Segment seg;
             read_segment(seg, ring + (s % STAGES) * SLOT_BYTES, lane, i);
-            if (s + STAGES - 1 < nseg)  // into the slot read one iteration ago (its values already used)
+            if (s + STAGES - 1 < nseg)
                 issue_segment(ring + ((s + STAGES - 1) % STAGES) * SLOT_BYTES, crow, srow, crow_step, srow_step,
                               s + STAGES - 1, lane, i);
             cp_async_commit();
@@ -313,8 +309,39 @@ extern "C" __global__ void __launch_bounds__(128, MINB) CLUSTER_ATTR w4a16_small
         }
     }
 #else
-    stage_window(xs, x, M, stride_xm, S, parts, rank, 0, window, ts, gm, tid);  // window >= nmax (valid())
+    // 2. activations -> shared memory, all of the block's K range at once: a thread takes 8
+    //    consecutive values of a token (one 16-byte load: k = 128 s + 32 i + 8 j + 0..7, chunk
+    //    c = 16 s + 4 i + j) and writes the pairs (k, k+4), (k+1, k+5), (k+2, k+6), (k+3, k+7) as one
+    //    quad; tokens >= M are zeros.
+    const int sb = rank * KW * S / parts, se = (rank + 1) * KW * S / parts;  // the block's segments
+    const int chunks = (se - sb) * LOADS * 16;
+    for (int c = tid; c < chunks; c += 128) {
+        const int s = c >> 4, ii = (c >> 2) & 3, j = c & 3;
+#pragma unroll
+        for (int tok = 0; tok < gm * NT; ++tok) {
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (tok < M) v = __ldg((const uint4*)(x + (size_t)tok * stride_xm + (size_t)sb * LOADS * 128 + 8 * c));
+            xs[((s * 4 + j) * NT + (tok >> 3)) * ts + (tok & 7) * 4 + ii] = make_uint4(
+                (v.x & 0xFFFFu) | (v.z << 16), (v.x >> 16) | (v.z & 0xFFFF0000u),
+                (v.y & 0xFFFFu) | (v.w << 16), (v.y >> 16) | (v.w & 0xFFFF0000u));
+        }
+    }
     __syncthreads();
+
+    // 3. the K loop: compute segment s while segments s+1 .. s+DEPTH-1 are in flight
+    const uint4* xq = xs + (ws - sb) * LOADS * 4 * NT * ts + g * 4 + i;
+#if STAGES > 0
+    for (int s = 0; s < nseg; ++s) {
+        cp_async_wait<STAGES - 2>();  // segment s has landed (this lane's bytes only: no barrier)
+        Segment seg;
+        read_segment(seg, ring + (s % STAGES) * SLOT_BYTES, lane, i);
+        if (s + STAGES - 1 < nseg)  // into the slot read one iteration ago (its values already used)
+            issue_segment(ring + ((s + STAGES - 1) % STAGES) * SLOT_BYTES, crow, srow, crow_step, srow_step,
+                          s + STAGES - 1, lane, i);
+        cp_async_commit();
+        compute_segment(acc, seg, xq + s * LOADS * 4 * NT * ts, ts, g < gm);
+    }
+#else
     for (int s0 = 0; s0 < nseg; s0 += DEPTH) {
 #pragma unroll
         for (int r = 0; r < DEPTH; ++r) {
@@ -325,6 +352,7 @@ extern "C" __global__ void __launch_bounds__(128, MINB) CLUSTER_ATTR w4a16_small
             }
         }
     }
+#endif
 #endif
 
     // 4. split-K: partials [warp][32 rows][8 NT tokens] in shared memory (over the activations)
@@ -348,20 +376,17 @@ extern "C" __global__ void __launch_bounds__(128, MINB) CLUSTER_ATTR w4a16_small
     for (int e = tid; e < (r1 - r0) * M; e += 128) {
         const int row = r0 + e % (r1 - r0), tok = e / (r1 - r0);
         const float* p = red + ((row / ROWS) * KW * ROWS + row % ROWS) * RED_STRIDE + tok;
-        float part[CLUSTER * KW];  // all loads in flight, then summed in a fixed order
+        float v = 0.f;
 #pragma unroll
         for (int src = 0; src < CLUSTER; ++src)
 #pragma unroll
             for (int k = 0; k < KW; ++k) {
 #if CLUSTER > 1
-                part[src * KW + k] = ld_cluster(p + k * ROWS * RED_STRIDE, src);
+                v += ld_cluster(p + k * ROWS * RED_STRIDE, src);
 #else
-                part[src * KW + k] = p[k * ROWS * RED_STRIDE];
+                v += p[k * ROWS * RED_STRIDE];
 #endif
             }
-        float v = 0.f;
-#pragma unroll
-        for (int q = 0; q < CLUSTER * KW; ++q) v += part[q];
         v *= out_scale;
         const int n = blockIdx.x * rows + row;
         if (has_bias) v += __uint_as_float((u32)bias[n] << 16);
@@ -439,10 +464,14 @@ def window(p: Plan, K: int) -> int:
 
 
 def _ring_offset(p: Plan, M: int, K: int) -> int:
-    """Bytes before the cp.async rings: a window of activations (``256 B * loads`` per segment, K-warp
-    and stored token) or the split-K partials, whichever is larger."""
-    act = (4 // p.rw) * window(p, K) * p.loads * 256 * stored_tokens(p, M) * p.nt
-    return max(act, 4 * p.rows * (8 * p.nt + 1) * 4)
+    """Bytes before the cp.async rings: the activations (``256 B * loads`` per segment and stored
+    token: the block's at most ``ceil(S / cluster)`` segments, or a window of each K-warp's) or the
+    split-K partials, whichever is larger."""
+    if p.window:
+        segments = (4 // p.rw) * window(p, K)
+    else:
+        segments = -(-(K // (128 * p.loads)) // p.cluster)
+    return max(segments * p.loads * 256 * stored_tokens(p, M) * p.nt, 4 * p.rows * (8 * p.nt + 1) * 4)
 
 
 def shared_bytes(p: Plan, M: int, K: int) -> int:
@@ -459,7 +488,7 @@ def valid(p: Plan, M: int, N: int, K: int) -> bool:
         and N % (p.rows * p.rw) == 0
         and K % (128 * p.loads) == 0
         and K // (128 * p.loads) >= p.cluster * (4 // p.rw)
-        and (p.stages > 0 or window(p, K) == warp_segments(p, K))
+        and (p.stages > 0 or p.window == 0)
         and shared_bytes(p, M, K) <= max_shared_bytes()
     )
 
@@ -504,10 +533,11 @@ def plan(M: int, N: int, K: int, sm_count: int) -> Plan | None:
 
 def _widest_window(p: Plan, M: int, N: int, K: int) -> Plan | None:
     """``p`` with the largest activation window that fits (all segments if they do), else None."""
-    for w in range(warp_segments(p, K), 0, -1):
-        q = p._replace(window=0 if w == warp_segments(p, K) else w)
-        if valid(q, M, N, K):
-            return q
+    if valid(p._replace(window=0), M, N, K):
+        return p._replace(window=0)
+    for w in range(warp_segments(p, K) - 1, 0, -1):
+        if valid(p._replace(window=w), M, N, K):
+            return p._replace(window=w)
     return None
 
 
