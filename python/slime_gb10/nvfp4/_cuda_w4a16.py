@@ -1,4 +1,4 @@
-"""W4A16 GEMM for M <= 16 in CUDA C, compiled at run time with NVRTC (``torch.cuda._compile_kernel``).
+"""W4A16 GEMM for M <= 32 in CUDA C, compiled at run time with NVRTC (``torch.cuda._compile_kernel``).
 
 Why not Triton here: the Triton kernel (``_triton_kernels.w4a16_kernel``) decodes as few instructions
 per weight as this one, but the K loop Triton generates around ``tl.dot`` stays latency bound (staged
@@ -6,7 +6,8 @@ codes read back from shared memory with bank conflicts, barriers, few warps): 1.
 best on an H100 (NOTES.md). This kernel controls the layout and the memory pipeline itself:
 
 * The weights are the MMA's A operand (``mma.m16n8k16``: 16 weight rows x 8 tokens), so M <= 8 pads
-  to 8 tokens, not 16. A warp owns 32 weight rows; lane ``(g, i)`` = ``(lane // 4, lane % 4)`` loads 16
+  to 8 tokens, not 16; larger M takes up to 4 token tiles, each decoded weight register feeding one
+  MMA per tile. A warp owns 32 weight rows; lane ``(g, i)`` = ``(lane // 4, lane % 4)`` loads 16
   bytes of codes (32 codes) of rows g, g+8, g+16 and g+24 per 128-wide K segment.
 * The code loads of ``DEPTH`` segments are in flight per warp (a ring of registers, fully unrolled),
   and the first ones are issued before the activations are staged, so the two latencies overlap.
@@ -14,7 +15,8 @@ best on an H100 (NOTES.md). This kernel controls the layout and the memory pipel
   Triton kernel (codes ``j`` and ``j + 4`` share a register). K is permuted consistently: word ``j``
   of lane ``i`` holds real k ``32 i + 8 j + 0..7``, and the activations are written to shared memory
   once per block in the matching B-fragment order, so one conflict-free 16-byte load gives the B
-  registers of two MMAs.
+  registers of two MMAs. Where a block's activations do not fit (M > 16 on long K ranges), they are
+  restaged every ``window`` segments (``WINDOWED``; a barrier each time).
 * The group scales are the prepared scale codes (one shift-and-add to BF16 ``s * 2**119``); the FP32
   result is multiplied by ``global_scale * 2**7``.
 * Split-K has two levels, both reduced in shared memory in a fixed order (deterministic, no global

@@ -18,9 +18,9 @@ MMAs (Hopper has no FP4 MMA); the global scale multiplies the FP32 result. Two k
 decoder: a CUDA one compiled at run time with NVRTC (:mod:`~slime_gb10.nvfp4._cuda_w4a16`, M <= 32:
 weights as the MMA's A operand, a cp.async ring, split-K reduced in a thread-block cluster) and a
 Triton one (``tl.dot``, any M; split-K fills the GPU when M is small). Measured on an H100
-(BENCHMARKS.md, NOTES.md): about 2x of BF16 cuBLAS at M <= 4 and 1.3-1.5x at M = 16 on 4096-14336
-wide layers (the format allows ~3.5x), slower than BF16 above; for large M :func:`w4a16_linear`
-dequantizes and calls cuBLAS instead (0.5-0.9x of BF16).
+(BENCHMARKS.md, NOTES.md): about 2x of BF16 cuBLAS at M <= 4, 1.2-1.5x at M = 16 and 0.7-1.15x at
+M = 32 on 4096-14336 wide layers (the format allows ~3.5x), slower than BF16 above; for large M
+:func:`w4a16_linear` dequantizes and calls cuBLAS instead (0.5-0.9x of BF16).
 """
 
 from __future__ import annotations
