@@ -138,3 +138,16 @@ def test_cuda_kernel_stays_under_48_kb_without_the_opt_in(monkeypatch):
     assert not cuda.valid(big, 16, 4096, 14336)
     assert cuda.plan(16, 4096, 14336, 132) is None
     assert cuda.plan(1, 4096, 4096, 132) == cuda.Plan(1, 2, 1, 1, stages=3, minb=4)  # small tilings unchanged
+
+
+def test_fused_crossover():
+    """Where ``w4a16_linear`` takes a fused kernel (the H100 crossovers of BENCHMARKS.md): any weight
+    up to M = 16; the CUDA kernel, where it runs and tiles the shape (N % 32, K % 128), up to M = 32;
+    weights of >= 2**25 parameters (14336 x 4096 is 58.7 M; 4096 x 4096 is 16.8 M) up to M = 64."""
+    assert kernels.fused_is_faster(16, 4100, 4000)
+    assert not kernels.fused_is_faster(17, 4096, 4096)
+    assert kernels.fused_is_faster(32, 4096, 4096, cuda_kernel=True)
+    assert not kernels.fused_is_faster(33, 4096, 4096, cuda_kernel=True)
+    assert not kernels.fused_is_faster(32, 4100, 4096, cuda_kernel=True)  # N not a multiple of 32
+    assert not kernels.fused_is_faster(32, 4096, 4000, cuda_kernel=True)  # K not a multiple of 128
+    assert kernels.fused_is_faster(64, 14336, 4096) and not kernels.fused_is_faster(65, 14336, 4096)

@@ -196,9 +196,10 @@ def dequantize_triton(q: NVFP4Tensor, dtype: torch.dtype | None = None) -> torch
 # fused W4A16 GEMM
 
 
-#: Largest M for which :func:`w4a16_linear` uses the fused kernel; above it, dequantize + cuBLAS.
-#: Measured by ``slime-gb10 bench nvfp4`` (see BENCHMARKS.md); overridable per call.
-FUSED_MAX_M = 32
+#: Largest M for which :func:`w4a16_linear` uses a fused kernel on every weight; above it, dequantize
+#: + cuBLAS, except where :func:`fused_is_faster` says otherwise (the CUDA kernel up to M = 32, large
+#: weights up to 64). Measured by ``slime-gb10 bench nvfp4`` (see BENCHMARKS.md); overridable per call.
+FUSED_MAX_M = 16
 
 
 @functools.cache
@@ -319,9 +320,12 @@ def w4a16_config(M: int, N: int, K: int, sm_count: int) -> dict:
     return {"BM": BM, "BN": 128, "BK": BK, "split": split, "num_warps": 4, "num_stages": 3}
 
 
-def fused_is_faster(M: int, N: int, K: int) -> bool:
+def fused_is_faster(M: int, N: int, K: int, cuda_kernel: bool = False) -> bool:
     """Whether :func:`w4a16_linear` takes the fused kernel: measured crossover on the H100 (the
-    fused kernels beat dequantize + cuBLAS up to M=32, and up to M=64 on large weights)."""
+    fused kernels beat dequantize + cuBLAS up to M=16, and up to M=64 on large weights; the CUDA
+    kernel, where it runs (``cuda_kernel``) and tiles the shape, up to M=32)."""
+    if cuda_kernel and M <= _cuda_w4a16.MAX_M and N % 32 == 0 and K % 128 == 0:
+        return True
     return M <= FUSED_MAX_M or (M <= 64 and N * K >= 1 << 25)
 
 
@@ -469,7 +473,10 @@ def w4a16_linear(
     """
     M = x.numel() // max(x.shape[-1], 1)
     N, K = w.shape
-    fused = fused_is_faster(M, N, K) if fused_max_m is None else fused_max_m >= M
+    if fused_max_m is None:
+        fused = fused_is_faster(M, N, K, cuda_kernel=x.dtype == torch.bfloat16 and _cuda_engine_ok(x.device))
+    else:
+        fused = fused_max_m >= M
     if x.dtype == torch.bfloat16 and fused and w.data.is_contiguous() and w.scale.is_contiguous():
         return w4a16_matmul(x, prepared if prepared is not None else w, bias)
     weight = dequantize_triton(w, x.dtype) if triton_available() and x.is_cuda else None
