@@ -249,6 +249,23 @@ __device__ __forceinline__ void compute_segment(float (*acc)[NT][4], const Segme
     }
 }
 
+#if STAGES > 0
+// One step of the cp.async ring: wait for segment s, read it, refill its slot with segment
+// s + STAGES - 1, compute segment s against the activations at xq.
+__device__ __forceinline__ void ring_step(float (*acc)[NT][4], unsigned char* ring, int s, int nseg,
+                                          const unsigned char* crow, const unsigned char* srow, size_t crow_step,
+                                          size_t srow_step, int lane, int i, const uint4* xq, int ts, bool live) {
+    cp_async_wait<STAGES - 2>();  // segment s has landed (this lane's bytes only: no barrier)
+    Segment seg;
+    read_segment(seg, ring + (s % STAGES) * SLOT_BYTES, lane, i);
+    if (s + STAGES - 1 < nseg)  // into the slot read one iteration ago (its values already used)
+        issue_segment(ring + ((s + STAGES - 1) % STAGES) * SLOT_BYTES, crow, srow, crow_step, srow_step,
+                      s + STAGES - 1, lane, i);
+    cp_async_commit();
+    compute_segment(acc, seg, xq, ts, live);
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(128, MINB) CLUSTER_ATTR w4a16_small(
     const u16* __restrict__ x, const unsigned char* __restrict__ codes, const unsigned char* __restrict__ scodes,
     const float* __restrict__ gs, const u16* __restrict__ bias, u16* __restrict__ out,
@@ -300,14 +317,8 @@ extern "C" __global__ void __launch_bounds__(128, MINB) CLUSTER_ATTR w4a16_small
             __syncthreads();
         }
         if (s < nseg) {
-            cp_async_wait<STAGES - 2>();
-            Segment seg;
-            read_segment(seg, ring + (s % STAGES) * SLOT_BYTES, lane, i);
-            if (s + STAGES - 1 < nseg)
-                issue_segment(ring + ((s + STAGES - 1) % STAGES) * SLOT_BYTES, crow, srow, crow_step, srow_step,
-                              s + STAGES - 1, lane, i);
-            cp_async_commit();
-            compute_segment(acc, seg, xq + (s % window) * LOADS * 4 * NT * ts, ts, g < gm);
+            ring_step(acc, ring, s, nseg, crow, srow, crow_step, srow_step, lane, i,
+                      xq + (s % window) * LOADS * 4 * NT * ts, ts, g < gm);
         }
     }
 #else
@@ -334,14 +345,8 @@ extern "C" __global__ void __launch_bounds__(128, MINB) CLUSTER_ATTR w4a16_small
     const uint4* xq = xs + (ws - sb) * LOADS * 4 * NT * ts + g * 4 + i;
 #if STAGES > 0
     for (int s = 0; s < nseg; ++s) {
-        cp_async_wait<STAGES - 2>();  // segment s has landed (this lane's bytes only: no barrier)
-        Segment seg;
-        read_segment(seg, ring + (s % STAGES) * SLOT_BYTES, lane, i);
-        if (s + STAGES - 1 < nseg)  // into the slot read one iteration ago (its values already used)
-            issue_segment(ring + ((s + STAGES - 1) % STAGES) * SLOT_BYTES, crow, srow, crow_step, srow_step,
-                          s + STAGES - 1, lane, i);
-        cp_async_commit();
-        compute_segment(acc, seg, xq + s * LOADS * 4 * NT * ts, ts, g < gm);
+        ring_step(acc, ring, s, nseg, crow, srow, crow_step, srow_step, lane, i, xq + s * LOADS * 4 * NT * ts, ts,
+                  g < gm);
     }
 #else
     for (int s0 = 0; s0 < nseg; s0 += DEPTH) {
