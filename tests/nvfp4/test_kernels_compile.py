@@ -5,6 +5,7 @@ here rather than first on a GPU. (Running them is test_kernels_gpu.py's job.)"""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 import pytest
@@ -82,6 +83,33 @@ def test_w4a16_kernel_compiles(arch, use_asm, even, maxnreg):
         assert "HMMA" in code and ("HMUL2" in code) == use_asm
         if not maxnreg:  # under the cap a few spills are expected, and measured to pay off (NOTES.md)
             assert "LDL" not in code and "STL" not in code  # no local memory
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", [90, 121])
+@pytest.mark.parametrize(
+    ("BN", "BM", "BK", "split"), [(64, 32, 256, 4), (64, 128, 128, 4), (128, 64, 128, 1)]
+)
+def test_wide_w4a16_kernel_keeps_the_decoded_weights_in_registers(arch, BN, BM, BK, split):
+    """On sm_90 the decoded weights are ``wgmma``'s A operand straight from registers (the point of
+    the kernel: no shared-memory round trip for them; the activations are the shared-memory B
+    operand); sm_121 (GB10) has no ``wgmma`` and takes ``mma.sync``. No local memory either way."""
+    signature = {**W4A16_SIGNATURE, "MN": "i32:16", "k_per_split": "i32:16"}
+    del signature["tiles_per_split"]
+    constexprs = dict(BN=BN, BM=BM, BK=BK, GROUP=8, SPLIT=split, HAS_BIAS=True, INTERPRET=False)
+    compiled = compile_for(k.w4a16_wide_kernel, signature, constexprs, arch, num_stages=3)
+    ttgir = compiled.asm["ttgir"]
+    if arch == 90:
+        dots = [line for line in ttgir.splitlines() if "ttng.warp_group_dot " in line]
+        # A: a register tensor of BN weight rows; B: the activations, a shared-memory tile of BM tokens
+        a_is_weights = [re.search(rf": tensor<{BN}x\d+xbf16, #ttg.dot_op<{{opIdx = 0", d) for d in dots]
+        b_is_tokens = [re.search(rf"\* !ttg.memdesc<\d+x{BM}xbf16", d) for d in dots]
+        assert dots and all(a_is_weights) and all(b_is_tokens), dots[:1]
+        code = sass(compiled)
+        assert "HGMMA" in code
+        assert "LDL" not in code and "STL" not in code
+    else:
+        assert "mma.sync" in compiled.asm["ptx"]
 
 
 @pytest.mark.slow

@@ -196,6 +196,85 @@ def test_w4a16_gemm_with_large_weights_takes_the_exact_decoder(kernels, use_asm)
     assert float((out.double() - expected).norm() / expected.norm()) < 1e-2
 
 
+@pytest.mark.parametrize(
+    ("M", "N", "K", "bias", "spread"),
+    [
+        (33, 64, 256, False, 0.05),
+        (20, 4096, 4096, False, 0.05),
+        (64, 4096, 4096, True, 0.05),
+        (100, 1024, 2048, True, 0.05),
+        (128, 896, 4864, False, 0.05),
+        (257, 640, 1024, True, 0.05),
+        (48, 384, 512, True, 300.0),
+    ],
+)
+def test_wide_w4a16_matches_reference_with_poisoned_output(kernels, M, N, K, bias, spread):
+    """The wide kernel (weights as the MMA's first operand) against float64: its default tiles and
+    the benchmark's alternatives, each with split-K off and with the largest split that divides K;
+    a partial last token tile (M = 20, 33, 100, 257); weights up to ~1e3 (spread 300: large block and
+    global scales). Outputs start as NaN, so a missed element fails."""
+    g = torch.Generator(device="cuda").manual_seed(M * 31 + N + K)
+    w = torch.randn(N, K, device="cuda", generator=g) * spread
+    x = torch.randn(M, K, device="cuda", generator=g).to(torch.bfloat16)
+    b = torch.randn(N, device="cuda", generator=g).to(torch.bfloat16) if bias else None
+    q = quantize_reference(w)
+    expected = x.double() @ dequantize_reference(q, torch.float64).T + (b.double() if bias else 0)
+    p = kernels.prepare_w4a16(q)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    overrides = [
+        {},
+        {"BM": 64, "BK": 256},
+        {"BM": 128, "BK": 128},
+        {"BN": 128, "BM": 64, "BK": 128},
+        {"BM": 32},
+    ]
+    tried = set()
+    for extra in overrides:
+        cfg = kernels.wide_config(M, N, K, sms, **extra)
+        if cfg is None:
+            continue
+        most = max(s for s in (1, 2, 4, 8) if K % (cfg["BK"] * s) == 0)
+        for split in sorted({1, cfg["split"], most}):
+            cfg = {**cfg, "split": split}
+            out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+            kernels.w4a16_matmul(x, p, b, config=cfg, out=out)
+            assert torch.isfinite(out).all(), f"an output element was not written ({cfg})"
+            err = float((out.double() - expected).norm() / expected.norm())
+            assert err < 1e-2, (cfg, err)
+            tried.add((cfg["BN"], cfg["BM"], cfg["BK"], split))
+    assert len(tried) >= 3
+    got = kernels.w4a16_matmul(x, p, b)  # M > 32 on a shape it tiles: the wide kernel by itself
+    assert float((got.double() - expected).norm() / expected.norm()) < 1e-2
+
+
+@pytest.mark.parametrize("M", [96, 256])
+def test_wide_w4a16_gives_the_same_bits_on_every_call(kernels, M):
+    """The kernel is deterministic (split-K partials added in a fixed order), so 100 calls must give
+    identical bits. Programs of two warpgroups (8 warps) failed this way now and then on the H100
+    (wrong rows of a token tile, Triton 3.6); the launcher uses one warpgroup."""
+    g = torch.Generator(device="cuda").manual_seed(M)
+    q = quantize_reference(torch.randn(4096, 4096, device="cuda", generator=g) * 0.05)
+    x = torch.randn(M, 4096, device="cuda", generator=g).to(torch.bfloat16)
+    p = kernels.prepare_w4a16(q)
+    cfg = kernels.wide_config(M, 4096, 4096, torch.cuda.get_device_properties(0).multi_processor_count)
+    assert cfg["split"] > 1  # the split-K partials and their counter are exercised
+    first = kernels.w4a16_matmul(x, p, config=cfg)
+    expected = x.double() @ dequantize_reference(q, torch.float64).T
+    assert float((first.double() - expected).norm() / expected.norm()) < 1e-2
+    outs = [kernels.w4a16_matmul(x, p, config=cfg) for _ in range(100)]
+    assert all(torch.equal(out, first) for out in outs)
+
+
+def test_wide_w4a16_refuses_shapes_it_cannot_tile(kernels):
+    q = quantize_reference(torch.randn(96, 256, device="cuda"))
+    x = torch.randn(40, 256, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="N % BN"):
+        kernels.w4a16_matmul(x, q, engine="wide")
+    out = kernels.w4a16_matmul(x, q)  # the automatic choice takes the Triton kernel instead
+    expected = x.double() @ dequantize_reference(q, torch.float64).T
+    assert float((out.double() - expected).norm() / expected.norm()) < 1e-2
+
+
 def test_w4a16_linear_falls_back_for_large_m(kernels):
     w = torch.randn(256, 512, device="cuda") * 0.05
     q = quantize_reference(w)
@@ -211,8 +290,21 @@ def test_nvfp4_linear_w4a16_matches_reference_backend(kernels):
     fast = NVFP4Linear.from_linear(linear, backend="w4a16")
     slow = NVFP4Linear.from_linear(linear, backend="reference")
     assert torch.equal(fast.weight, slow.weight)
-    for m in (1, 7, 16, 24, 100, 3000):  # CUDA kernel (M <= 32 here), Triton, dequantize + cuBLAS
+    for m in (1, 7, 16, 24, 100, 3000):  # CUDA kernel (M <= 32 here), dequantize + cuBLAS (small weight)
         x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
+        torch.testing.assert_close(fast(x).float(), slow(x).float(), rtol=2e-2, atol=2e-2)
+
+
+def test_nvfp4_linear_w4a16_takes_the_wide_kernel_for_rollout_batches(kernels):
+    """A 4096 x 4096 layer (16.8 M parameters) at M = 48 and 128 (a GRPO rollout batch): the module
+    takes the wide kernel by itself (``fused_is_faster``) and matches the reference backend."""
+    torch.manual_seed(1)
+    linear = nn.Linear(4096, 4096, dtype=torch.bfloat16, device="cuda")
+    fast = NVFP4Linear.from_linear(linear, backend="w4a16")
+    slow = NVFP4Linear.from_linear(linear, backend="reference")
+    for m in (48, 128):
+        assert kernels.fused_is_faster(m, 4096, 4096, cuda_kernel=True)
+        x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
         torch.testing.assert_close(fast(x).float(), slow(x).float(), rtol=2e-2, atol=2e-2)
 
 

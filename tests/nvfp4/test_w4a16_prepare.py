@@ -143,11 +143,45 @@ def test_cuda_kernel_stays_under_48_kb_without_the_opt_in(monkeypatch):
 def test_fused_crossover():
     """Where ``w4a16_linear`` takes a fused kernel (the H100 crossovers of BENCHMARKS.md): any weight
     up to M = 16; the CUDA kernel, where it runs and tiles the shape (N % 32, K % 128), up to M = 32;
-    weights of >= 2**25 parameters (14336 x 4096 is 58.7 M; 4096 x 4096 is 16.8 M) up to M = 64."""
+    the wide kernel on weights of >= 2**24 parameters that it tiles (N % 64, K % 128) up to M = 128
+    (4096 x 4096 is 16.8 M; 896 x 4864 is 4.4 M); other weights of >= 2**25 up to M = 64."""
     assert kernels.fused_is_faster(16, 4100, 4000)
-    assert not kernels.fused_is_faster(17, 4096, 4096)
+    assert not kernels.fused_is_faster(17, 896, 4864)
     assert kernels.fused_is_faster(32, 4096, 4096, cuda_kernel=True)
-    assert not kernels.fused_is_faster(33, 4096, 4096, cuda_kernel=True)
     assert not kernels.fused_is_faster(32, 4100, 4096, cuda_kernel=True)  # N not a multiple of 32
     assert not kernels.fused_is_faster(32, 4096, 4000, cuda_kernel=True)  # K not a multiple of 128
-    assert kernels.fused_is_faster(64, 14336, 4096) and not kernels.fused_is_faster(65, 14336, 4096)
+    assert not kernels.fused_is_faster(33, 896, 4864, cuda_kernel=True)  # too small for the wide kernel
+    assert kernels.fused_is_faster(17, 4096, 4096) and kernels.fused_is_faster(128, 4096, 4096)
+    assert kernels.fused_is_faster(17, 896, 4864, cuda_kernel=True)  # the CUDA kernel
+    assert not kernels.fused_is_faster(129, 4096, 4096)
+    assert kernels.fused_is_faster(128, 14336, 4096) and not kernels.fused_is_faster(129, 14336, 4096)
+    assert kernels.fused_is_faster(64, 4100, 8192) and not kernels.fused_is_faster(65, 4100, 8192)  # N % 64
+
+
+def test_wide_config_by_hand():
+    """Tiles of the wide kernel: 64 tokens and K tiles of 256 up to M = 64, else 128 and 128; split-K
+    the largest of 2, 4, 8 that keeps (row tiles x token tiles x split) <= 2 x SMs, divides K into
+    whole K tiles and leaves each split at least two of them."""
+    cfg = kernels.wide_config(64, 4096, 4096, 132)
+    assert cfg == {"engine": "wide", "BN": 64, "BM": 64, "BK": 256, "split": 4, "num_stages": 3}
+    assert kernels.wide_config(24, 4096, 4096, 132)["BM"] == 32
+    assert kernels.wide_config(64, 14336, 4096, 132)["split"] == 1  # 224 row tiles already
+    big = kernels.wide_config(128, 4096, 14336, 132)
+    assert (big["BM"], big["BK"], big["split"]) == (128, 128, 4)  # 64 tiles: x4 = 256 <= 264, x8 > 264
+    assert kernels.wide_config(256, 4096, 4096, 132)["split"] == 2  # 128 tiles
+    assert kernels.wide_config(64, 4096, 4096, 48)["split"] == 1  # GB10's 48 SMs: 64 tiles x 2 > 2 x 48
+    small = kernels.wide_config(64, 896, 4864, 132)  # 14 tiles; 4864 = 19 x 256: no split into whole tiles
+    assert (small["BK"], small["split"]) == (256, 1)
+    assert kernels.wide_config(128, 896, 4864, 132)["split"] == 2  # BK = 128: 4864 / 2 = 19 x 128
+    assert (
+        kernels.wide_config(64, 4100, 4096, 132) is None and kernels.wide_config(64, 4096, 4000, 132) is None
+    )
+    assert kernels.wide_config(64, 4096, 4096, 132, BN=128, BM=128, BK=64)["split"] == 8  # 32 tiles
+
+
+def test_wide_kernel_choice():
+    """The wide kernel is the fused kernel above M = 16 on weights of >= 2**24 parameters, and above
+    M = 32 on any weight it tiles; never where it cannot tile (N % 64, K % 128)."""
+    assert not kernels.wide_is_faster(16, 4096, 4096) and kernels.wide_is_faster(17, 4096, 4096)
+    assert not kernels.wide_is_faster(32, 896, 4864) and kernels.wide_is_faster(33, 896, 4864)
+    assert not kernels.wide_is_faster(40, 4100, 4096) and not kernels.wide_is_faster(40, 4096, 4000)

@@ -403,3 +403,115 @@ def w4a16_kernel(
         if HAS_BIAS:
             acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         tl.store(out_ptr + tile_offs, to_output(acc, out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def decode_e2m1_natural(packed, scale_codes, INTERPRET: tl.constexpr):
+    """Packed ModelOpt codes ``[BN, BK/2]`` and scale codes ``[BN, BK/16]`` -> the weights
+    ``e2m1 * s * 2**-7`` as BF16 ``[BN, BK]`` in natural k order (exact, as :func:`decode_e2m1_pairs`).
+
+    Integer ops only: a code's magnitude bits (0-2) shifted to BF16 bits 6-8 and its sign (bit 3) to
+    bit 15 are the BF16 number ``e2m1(code) * 2**-126``; one BF16 multiply by ``s * 2**119`` scales it.
+    The two codes of a byte become k and k+1 (``tl.join``), which is the pair a thread holds in an
+    MMA operand, so Triton keeps the decoded weights in registers as the MMA's A operand.
+    Triton's interpreter gets the BF16 bitcast of the joined codes wrong (values off by about
+    2**126), so under it the same numbers come from FP32 arithmetic.
+    """
+    BN: tl.constexpr = packed.shape[0]
+    BK: tl.constexpr = packed.shape[1] * 2
+    if INTERPRET:
+        code = packed.to(tl.int32)
+        w = tl.reshape(tl.join(e2m1_value(code & 15), e2m1_value(code >> 4)), [BN, BK // 16, 16])
+        scale = scale_code_to_bf16(scale_codes).to(tl.float32) * 2.0**-126
+        return tl.reshape(w * scale[:, :, None], [BN, BK]).to(tl.bfloat16)
+    code = packed.to(tl.int16)
+    low = ((code & 7) << 6) | ((code & 8) << 12)
+    high = ((code & 0x70) << 2) | ((code & 0x80) << 8)
+    w = tl.reshape(tl.join(low, high), [BN, BK // 16, 16]).to(tl.bfloat16, bitcast=True)
+    w = w * scale_code_to_bf16(scale_codes)[:, :, None]
+    return tl.reshape(w, [BN, BK])
+
+
+@triton.jit
+def w4a16_wide_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    gs_ptr,
+    out_ptr,
+    bias_ptr,
+    partial_ptr,
+    counter_ptr,
+    M,
+    N,
+    K,
+    MN,
+    stride_xm,
+    k_per_split,
+    BN: tl.constexpr,
+    BM: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP: tl.constexpr,
+    SPLIT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """out[M, N] = x[M, K] @ dequantize(W)[N, K]^T (+ bias) for M of tens to hundreds of tokens.
+
+    The weights are the MMA's first operand: a program computes the transposed tile
+    ``W[BN rows, :] @ x[BM tokens, :]^T``, the decoded weights stay in registers (on sm_90 Triton
+    issues ``wgmma`` with its A operand in registers) and the activations stream through shared
+    memory in their natural order. :func:`w4a16_kernel` has it the other way round (x in registers,
+    decoded weights in shared memory), which suits M <= 16 but stores every decoded weight to shared
+    memory, 2 bytes at a time. Requires ``N % BN == 0`` and ``K % (BK * SPLIT) == 0``.
+
+    Grid: (N tiles x M tiles, SPLIT), N tiles in groups of GROUP that share the activations in L2.
+    SPLIT > 1 splits K: FP32 partials, the last program of an output tile adds them in split order
+    (deterministic, an atomic counter it resets), as in :func:`w4a16_kernel`.
+    """
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_n = N // BN
+    num_m = tl.cdiv(M, BM)
+    per_group = GROUP * num_m
+    first_n = (pid // per_group) * GROUP
+    group_size = tl.minimum(num_n - first_n, GROUP)
+    pid_n = first_n + (pid % per_group) % group_size
+    pid_m = (pid % per_group) // group_size
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    m_mask = offs_m < M
+    k0 = pid_k * k_per_split
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * (K // 2) + (k0 // 2 + tl.arange(0, BK // 2))[None, :]
+    s_rows = s_ptr + offs_n.to(tl.int64)[:, None] * (K // 16) + (k0 // 16 + tl.arange(0, BK // 16))[None, :]
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + (k0 + tl.arange(0, BK))[None, :]
+    acc = tl.zeros((BN, BM), dtype=tl.float32)
+    for k in range(0, k_per_split, BK):
+        w = decode_e2m1_natural(tl.load(w_rows + k // 2), tl.load(s_rows + k // 16), INTERPRET)
+        x = tl.load(x_rows + k, mask=m_mask[:, None], other=0.0)
+        if INTERPRET:  # the interpreter's BF16 dot is wrong; FP32 products of BF16 values are exact
+            acc = tl.dot(w.to(tl.float32), tl.trans(x.to(tl.float32)), acc)
+        else:
+            acc = tl.dot(w, tl.trans(x), acc)
+    out_offs = offs_m.to(tl.int64)[None, :] * N + offs_n[:, None]
+    out_mask = m_mask[None, :]
+    if SPLIT > 1:
+        tile = pid_m * num_n + pid_n
+        tl.store(partial_ptr + pid_k * MN + out_offs, acc, mask=out_mask)
+        done = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel")
+        if done == SPLIT - 1:  # the last program of this output tile: reduce in split order
+            acc = tl.zeros((BN, BM), dtype=tl.float32)
+            for s in range(SPLIT):
+                acc += tl.load(
+                    partial_ptr + s * MN + out_offs, mask=out_mask, other=0.0, cache_modifier=".cg"
+                )
+            acc *= tl.load(gs_ptr) * 128.0
+            if HAS_BIAS:
+                acc += tl.load(bias_ptr + offs_n).to(tl.float32)[:, None]
+            tl.store(out_ptr + out_offs, to_output(acc, out_ptr.dtype.element_ty), mask=out_mask)
+            tl.atomic_xchg(counter_ptr + tile, 0)  # ready for the next call
+    else:
+        acc *= tl.load(gs_ptr) * 128.0
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n).to(tl.float32)[:, None]
+        tl.store(out_ptr + out_offs, to_output(acc, out_ptr.dtype.element_ty), mask=out_mask)

@@ -6,12 +6,14 @@ ratio to them and to the PyTorch baseline:
 
 * quantize (Triton) in GB/s and % of copy bandwidth, bytes = read BF16 + write codes and scales;
   with a given global scale (one pass) and with the amax pass (two reads of the input);
-* the W4A16 GEMM vs BF16 ``torch.matmul`` for M in {1, 4, 16, 32, 64, 256, 1024, 4096} and
-  (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336), (896, 4864)}: the fused kernel (best of a
-  few tile configurations), dequantize + cuBLAS, and what ``w4a16_linear`` picks by itself.
+* the W4A16 GEMM vs BF16 ``torch.matmul`` for M in {1, 4, 16, 32, 64, 128, 256, 1024, 4096} and
+  (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336), (896, 4864)}: the fused kernels (the best
+  of the CUDA kernel up to M = 32, the wide Triton kernel above, and a few tile configurations of
+  the Triton kernel), dequantize + cuBLAS, and what ``w4a16_linear`` picks by itself.
 
-Each timing is the median of ``triton.testing.do_bench`` (CUDA events, L2 flushed before each
-call, so weights stream from memory as in a real forward pass).
+Quantize timings are medians of ``triton.testing.do_bench`` (CUDA events, L2 flushed before each
+call). GEMM timings are per call in a CUDA graph of back-to-back calls that cycle through enough
+weight copies to stream them from memory, as in a decode step (no CPU launch overhead).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import sys
 import click
 import torch
 
-M_VALUES = (1, 4, 16, 32, 64, 256, 1024, 4096)  # the issue's, and 32 (the CUDA kernel's limit)
+#: The issue's, 32 (the CUDA kernel's limit) and 128 (a GRPO rollout batch: 16 prompts x 8 samples).
+M_VALUES = (1, 4, 16, 32, 64, 128, 256, 1024, 4096)
 NK_SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336), (896, 4864))
 QUANTIZE_SHAPES = ((8192, 16384), (16384, 32768))  # 256 MiB and 1 GiB of BF16
 
@@ -51,6 +54,15 @@ LARGE_M_CONFIGS = (
     {"BM": 128, "BN": 128, "BK": 128, "num_warps": 8, "num_stages": 3, "programs_per_sm": 1},
     {"BM": 64, "BN": 128, "BK": 128, "num_warps": 4, "num_stages": 3, "programs_per_sm": 1},
     {"BM": 128, "BN": 256, "BK": 64, "num_warps": 8, "num_stages": 3, "programs_per_sm": 1},
+)
+
+
+#: Tile overrides tried for the wide kernel above M = 32 (``kernels.wide_config`` keywords).
+WIDE_CONFIGS = (
+    {"BM": 32, "BK": 256},
+    {"BM": 64, "BK": 128, "num_stages": 4},
+    {"BM": 128, "BK": 128},
+    {"BN": 128, "BM": 64, "BK": 128},
 )
 
 
@@ -175,6 +187,8 @@ def _call(cfg: dict, asm: bool | None) -> dict:
     """w4a16_matmul keyword arguments for one bench candidate."""
     if cfg.get("engine") == "cuda":
         return {"engine": "cuda"}
+    if cfg.get("engine") == "wide":
+        return {"config": cfg, "engine": "wide"}
     return {"config": cfg, "use_asm": asm, "engine": "triton"}
 
 
@@ -239,8 +253,13 @@ def bench_w4a16(
                     tiles = -(-m // cfg["BM"]) * -(-n // cfg["BN"])
                     cfg["split"] = max(1, min(k_tiles, (per_sm * sms) // max(tiles, 1), 32))
                     candidates.append((cfg, True))
-            if m <= _cuda_w4a16.MAX_M:  # the CUDA kernel (NVRTC) where it can run; the default picks it
+            if m <= _cuda_w4a16.MAX_M:  # the CUDA kernel (NVRTC) where it can run
                 candidates.append(({"engine": "cuda", "BK": 128}, None))
+            if m > kernels.FUSED_MAX_M:  # the wide kernel: its default, then a few other tiles
+                for extra in ({},) + (WIDE_CONFIGS if tune else ()):
+                    cfg = kernels.wide_config(m, n, k, sms, **extra)
+                    if cfg is not None and cfg not in [c for c, _ in candidates]:
+                        candidates.append((cfg, None))
             best = None
             errors = []
             for cfg, asm in candidates:

@@ -70,6 +70,7 @@ def _kernels():
         "quantize": k.quantize_kernel,
         "dequantize": k.dequantize_kernel,
         "w4a16": k.w4a16_kernel,
+        "w4a16_wide": k.w4a16_wide_kernel,
         "fma_probe": k.fma_probe_kernel,
     }
 
@@ -320,13 +321,63 @@ def w4a16_config(M: int, N: int, K: int, sm_count: int) -> dict:
     return {"BM": BM, "BN": 128, "BK": BK, "split": split, "num_warps": 4, "num_stages": 3}
 
 
+WIDE_MAX_M = 128  # the wide kernel's last M ahead of dequantize + cuBLAS on the bench shapes (H100)
+WIDE_MIN_PARAMS = 1 << 24  # smaller weights give it too few programs (896 x 4864: 0.4x of BF16)
+
+
+def wide_config(
+    M: int,
+    N: int,
+    K: int,
+    sm_count: int,
+    *,
+    BN: int = 64,
+    BM: int | None = None,
+    BK: int | None = None,
+    num_stages: int = 3,
+) -> dict | None:
+    """Tiles and split-K of :func:`~slime_gb10.nvfp4._triton_kernels.w4a16_wide_kernel`, or None
+    where it does not tile the shape (N % BN, K % BK).
+
+    Defaults from the H100 sweeps (NOTES.md): 64 weight rows per program (one warpgroup's MMA rows:
+    programs are one warpgroup, 4 warps; two warpgroups gave wrong results now and then, see
+    NOTES.md); 32 tokens up to M = 32, 64 up to M = 64, else 128; K tiles of 256 up to M = 64 where
+    K allows, else 128; K split in 2, 4 or 8 while the programs stay within two per SM (more
+    programs cost more in split-K partials than idle SMs do). The keywords override the tiles.
+    """
+    BM = BM or (32 if M <= 32 else 64 if M <= 64 else 128)
+    BK = BK or (256 if M <= 64 and K % 256 == 0 else 128)
+    if N % BN or K % BK:
+        return None
+    tiles = (N // BN) * -(-M // BM)
+    split = 1
+    for s in (2, 4, 8):
+        if tiles * s <= 2 * sm_count and K % (BK * s) == 0 and K // s >= 2 * BK:
+            split = s
+    return {"engine": "wide", "BN": BN, "BM": BM, "BK": BK, "split": split, "num_stages": num_stages}
+
+
+def wide_is_faster(M: int, N: int, K: int) -> bool:
+    """Whether the wide kernel is the fused kernel to take (H100 sweeps): above M = 32 wherever it
+    tiles the shape; from M = 17 on weights of >= 2**24 parameters (there it beats the CUDA kernel
+    on 4096 x 4096 and 4096 x 14336 by 12-35% and trails it by 4-8% on 14336 x 4096)."""
+    if M <= FUSED_MAX_M or wide_config(M, N, K, 1) is None:
+        return False
+    return M > _cuda_w4a16.MAX_M or N * K >= WIDE_MIN_PARAMS
+
+
 def fused_is_faster(M: int, N: int, K: int, cuda_kernel: bool = False) -> bool:
-    """Whether :func:`w4a16_linear` takes the fused kernel: measured crossover on the H100 (the
-    fused kernels beat dequantize + cuBLAS up to M=16, and up to M=64 on large weights; the CUDA
-    kernel, where it runs (``cuda_kernel``) and tiles the shape, up to M=32)."""
+    """Whether :func:`w4a16_linear` takes a fused kernel: measured crossovers on the H100 (any
+    weight up to M=16; the CUDA kernel, where it runs (``cuda_kernel``) and tiles the shape, up to
+    M=32; the wide kernel on weights of >= 16 M parameters it tiles up to M=128; the Triton kernel
+    on other weights of >= 32 M parameters up to M=64; dequantize + cuBLAS above)."""
+    if M <= FUSED_MAX_M:
+        return True
     if cuda_kernel and M <= _cuda_w4a16.MAX_M and N % 32 == 0 and K % 128 == 0:
         return True
-    return M <= FUSED_MAX_M or (M <= 64 and N * K >= 1 << 25)
+    if N * K >= WIDE_MIN_PARAMS and wide_config(M, N, K, 1) is not None:
+        return M <= WIDE_MAX_M
+    return M <= 64 and N * K >= 1 << 25  # shapes the wide kernel does not tile: the Triton kernel
 
 
 _COUNTERS: dict[tuple, torch.Tensor] = {}
@@ -362,8 +413,10 @@ def w4a16_matmul(
     ``use_asm`` forces the decoder (default: the inline-PTX one on sm_90+); ``out`` is an optional
     contiguous BF16 ``[M, N]`` output buffer. ``engine``: ``"cuda"`` (the NVRTC kernel of
     :mod:`~slime_gb10.nvfp4._cuda_w4a16`: M <= 32, N % 32 == 0, K % 128 == 0, sm_90+), ``"triton"``,
-    or None: CUDA where it applies (it is faster there) and neither ``config`` nor ``use_asm`` is given,
-    else Triton. ``SLIME_GB10_W4A16_ENGINE=triton`` turns the CUDA kernel off. One kernel launch
+    ``"wide"`` (the Triton kernel with the weights as the MMA's first operand, for M above 16:
+    N % 64 == 0, K % 128 == 0; ``config`` then overrides :func:`wide_config`), or None: the wide
+    kernel where :func:`wide_is_faster`, else CUDA where it applies, else Triton, unless ``config``
+    or ``use_asm`` is given (then Triton, or what ``config["engine"]`` names). ``SLIME_GB10_W4A16_ENGINE=triton`` turns the CUDA kernel off. One kernel launch
     (split-K reduces in-kernel: in shared memory for the CUDA kernel; with per-device-and-stream tile
     counters that the kernel resets for the Triton one: do not run two Triton calls on one stream
     concurrently from different threads).
@@ -388,11 +441,18 @@ def w4a16_matmul(
     if M == 0:
         return out.reshape(*lead, N)
     has_bias = bias is not None
+    if engine is None and config is not None:
+        engine = config.get("engine", "triton")
     if engine is None:
-        cuda_fits = (
-            M <= _cuda_w4a16.MAX_M and N % 32 == 0 and K % 128 == 0 and config is None and use_asm is None
+        cuda_fits = M <= _cuda_w4a16.MAX_M and N % 32 == 0 and K % 128 == 0 and use_asm is None
+        if use_asm is None and wide_is_faster(M, N, K):
+            engine = "wide"
+        else:
+            engine = "cuda" if cuda_fits and _cuda_engine_ok(x.device) else "triton"
+    if engine == "wide":
+        return _wide_matmul(x2, w, bias, out, config or wide_config(M, N, K, _sm_count(x.device))).reshape(
+            *lead, N
         )
-        engine = "cuda" if cuda_fits and _cuda_engine_ok(x.device) else "triton"
     if engine == "cuda":
         tiling = _cuda_w4a16.plan(M, N, K, _sm_count(x.device))
         if tiling is None:
@@ -454,6 +514,52 @@ def w4a16_matmul(
         **extra,
     )
     return out.reshape(*lead, N)
+
+
+def _wide_matmul(
+    x2: torch.Tensor, w: W4A16Weight, bias: torch.Tensor | None, out: torch.Tensor, cfg: dict | None
+) -> torch.Tensor:
+    """Launch the wide kernel (see :func:`w4a16_matmul`); ``cfg`` as :func:`wide_config` gives it."""
+    M, K = x2.shape
+    N = w.shape[0]
+    split = int(cfg["split"]) if cfg else 1
+    if cfg is None or N % cfg["BN"] or K % (cfg["BK"] * split):
+        raise ValueError(
+            f"the wide W4A16 kernel needs N % BN == 0 and K % (BK * split) == 0 (BN = 64 or 128, BK >= 128); "
+            f"got N={N}, K={K}, config {cfg}: use engine='triton'"
+        )
+    grid = (-(-M // cfg["BM"]) * (N // cfg["BN"]), split)
+    if split > 1:
+        partial = torch.empty((split, M, N), dtype=torch.float32, device=x2.device)
+        counters = _split_counters(x2.device, grid[0])
+    else:
+        partial, counters = out, out
+    _kernels()["w4a16_wide"][grid](
+        x2,
+        w.data,
+        w.scale_codes,
+        w.global_scale,
+        out,
+        bias.contiguous() if bias is not None else out,
+        partial,
+        counters,
+        M,
+        N,
+        K,
+        M * N,
+        x2.stride(0),
+        K // split,
+        BN=cfg["BN"],
+        BM=cfg["BM"],
+        BK=cfg["BK"],
+        GROUP=8,
+        SPLIT=split,
+        HAS_BIAS=bias is not None,
+        INTERPRET=interpreting(),
+        num_warps=4,  # one warpgroup (see wide_config)
+        num_stages=cfg.get("num_stages", 3),
+    )
+    return out
 
 
 def w4a16_linear(
