@@ -569,22 +569,35 @@ def test_sglang_router_is_optional_but_a_broken_one_warns(tmp_path, monkeypatch)
     ("child", "status", "phrase"),
     [
         (
-            {"cuda_available": True, "cuda": 1.7e-3, "triton": 1.6e-3},
+            {"cuda_available": True, "cuda": 1.7e-3, "triton": 1.6e-3, "wide": 1.5e-3},
             "ok",
-            "CUDA (NVRTC, M <= 32) and Triton",
+            "CUDA (NVRTC, M <= 32), Triton and wide Triton",
         ),
-        ({"cuda_available": False, "triton": 1.6e-3}, "warn", "CUDA kernel for M <= 32 is unavailable"),
         (
-            {"cuda_available": True, "cuda": 0.4, "triton": 1.6e-3},
+            {"cuda_available": False, "triton": 1.6e-3, "wide": 1.5e-3},
+            "warn",
+            "CUDA kernel for M <= 32 is unavailable",
+        ),
+        (
+            {"cuda_available": True, "cuda": 0.4, "triton": 1.6e-3, "wide": 1.5e-3},
             "fail",
             "CUDA W4A16 kernel (NVRTC) is wrong",
         ),
         (
-            {"cuda_available": True, "cuda": "OSError: no NVRTC", "triton": 1.6e-3},
+            {"cuda_available": True, "cuda": "OSError: no NVRTC", "triton": 1.6e-3, "wide": 1.5e-3},
             "fail",
             "OSError: no NVRTC",
         ),
-        ({"cuda_available": False, "triton": "RuntimeError: ptxas"}, "fail", "Triton W4A16 kernel is wrong"),
+        (
+            {"cuda_available": False, "triton": "RuntimeError: ptxas", "wide": 1.5e-3},
+            "fail",
+            "Triton W4A16 kernel is wrong",
+        ),
+        (
+            {"cuda_available": True, "cuda": 1.7e-3, "triton": 1.6e-3, "wide": 0.3},
+            "fail",
+            "wide Triton W4A16 kernel (M > 16) is wrong",
+        ),
     ],
 )
 def test_w4a16_kernels_verdicts(monkeypatch, child, status, phrase):

@@ -806,15 +806,15 @@ import json, torch
 from slime_gb10.nvfp4 import _cuda_w4a16, dequantize_reference, kernels, quantize_reference
 g = torch.Generator().manual_seed(0)
 w = torch.randn(256, 512, generator=g) * 0.05
-x = torch.randn(24, 512, generator=g).bfloat16()
+x = torch.randn(48, 512, generator=g).bfloat16()
 q = quantize_reference(w)
 ref = x.double() @ dequantize_reference(q, torch.float64).T
 p = kernels.prepare_w4a16(q.to("cuda"))
 res = {"cuda_available": _cuda_w4a16.available()}
-for engine in ("cuda", "triton") if res["cuda_available"] else ("triton",):
-    try:  # one token, and 24 (the CUDA kernel's tilings for M <= 8 and for M = 17..32)
+for engine in ("cuda", "triton", "wide") if res["cuda_available"] else ("triton", "wide"):
+    try:  # one token and 24 (the CUDA kernel's tilings for M <= 8 and M = 17..32); the wide kernel at 24 and 48
         errs = []
-        for m in (1, 24):
+        for m in (24, 48) if engine == "wide" else (1, 24):
             out = kernels.w4a16_matmul(x[:m].cuda(), p, engine=engine).cpu().double()
             errs.append(float((out - ref[:m]).norm() / ref[:m].norm()))
         res[engine] = max(errs)
@@ -826,7 +826,8 @@ print(json.dumps(res))
 
 @register_check("w4a16_kernels", gpu=True)
 def check_w4a16_kernels(ctx: DoctorContext) -> CheckResult:
-    """NVFP4Linear's w4a16 kernels run and are right: the CUDA one (NVRTC, M <= 32) and the Triton one."""
+    """NVFP4Linear's w4a16 kernels run and are right: the CUDA one (NVRTC, M <= 32) and the two Triton
+    ones (the wide kernel takes M > 16 on large weights: on GB10, mma.sync instead of Hopper's wgmma)."""
     if not _installed("triton"):
         return _skip("w4a16_kernels", "Triton is not installed: w4a16 dequantizes and calls cuBLAS")
     child = run_child_python(_W4A16, ctx.timeout_s)
@@ -837,18 +838,20 @@ def check_w4a16_kernels(ctx: DoctorContext) -> CheckResult:
             "run `slime-gb10 doctor` again with a longer --timeout; check the triton_jit line",
         )
     data = child.data
-    triton_err = data.get("triton")
-    if not isinstance(triton_err, float) or not triton_err < 1e-2:
-        return _fail(
-            "w4a16_kernels",
-            f"the Triton W4A16 kernel is wrong or fails: {triton_err}",
-            "reinstall a triton that matches torch (`pip install --force-reinstall torch triton`)",
-            **data,
-        )
+    triton_err, wide_err = data.get("triton"), data.get("wide")
+    for name, err in (("Triton W4A16 kernel", triton_err), ("wide Triton W4A16 kernel (M > 16)", wide_err)):
+        if not isinstance(err, float) or not err < 1e-2:
+            return _fail(
+                "w4a16_kernels",
+                f"the {name} is wrong or fails: {err}",
+                "reinstall a triton that matches torch (`pip install --force-reinstall torch triton`)",
+                **data,
+            )
     if not data["cuda_available"]:
         return _warn(
             "w4a16_kernels",
-            f"Triton kernel correct (rel. error {triton_err:.1g}); the CUDA kernel for M <= 32 is unavailable "
+            f"Triton kernels correct (rel. error {triton_err:.1g}, {wide_err:.1g}); the CUDA kernel for M <= 32 is "
+            "unavailable "
             "(NVRTC not found, torch without torch.cuda._compile_kernel, or a pre-Hopper GPU): M <= 32 runs "
             "slower, on the Triton kernel",
             "put a CUDA 13 toolkit with lib/libnvrtc.so under CUDA_HOME (the flake's shell does), or "
@@ -865,7 +868,8 @@ def check_w4a16_kernels(ctx: DoctorContext) -> CheckResult:
         )
     return _ok(
         "w4a16_kernels",
-        f"CUDA (NVRTC, M <= 32) and Triton kernels correct (rel. error {cuda_err:.1g}, {triton_err:.1g})",
+        f"CUDA (NVRTC, M <= 32), Triton and wide Triton kernels correct (rel. error {cuda_err:.1g}, "
+        f"{triton_err:.1g}, {wide_err:.1g})",
         **data,
     )
 
