@@ -311,6 +311,29 @@ def _w4a16_k_tile(x, packed, scale_codes, ASM: tl.constexpr, INTERPRET: tl.const
 
 
 @triton.jit
+def _store_tile(
+    acc, out_ptr, offs, mask, gs_ptr, bias, partial_ptr, counter_ptr, tile, pid_k, MN, SPLIT: tl.constexpr
+):
+    """Write an output tile of the W4A16 kernels: ``acc * global_scale * 2**7 + bias``, rounded to the
+    output type. With SPLIT > 1, ``acc`` is this program's FP32 partial: it goes to ``partial_ptr``
+    and the last of the tile's SPLIT programs (``counter_ptr[tile]``, an atomic counter it resets)
+    adds the partials in split order (deterministic) and writes the result: one launch."""
+    if SPLIT > 1:
+        tl.store(partial_ptr + pid_k * MN + offs, acc, mask=mask)
+        done = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel")
+        if done == SPLIT - 1:  # the last program of this output tile: reduce in split order
+            acc = tl.zeros(acc.shape, dtype=tl.float32)
+            for s in range(SPLIT):
+                acc += tl.load(partial_ptr + s * MN + offs, mask=mask, other=0.0, cache_modifier=".cg")
+            acc = acc * (tl.load(gs_ptr) * 128.0) + bias
+            tl.store(out_ptr + offs, to_output(acc, out_ptr.dtype.element_ty), mask=mask)
+            tl.atomic_xchg(counter_ptr + tile, 0)  # ready for the next call
+    else:
+        acc = acc * (tl.load(gs_ptr) * 128.0) + bias
+        tl.store(out_ptr + offs, to_output(acc, out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def w4a16_kernel(
     x_ptr,
     w_ptr,
@@ -342,7 +365,7 @@ def w4a16_kernel(
     bytes straight into the dot-operand layout. The FP32 result is multiplied by ``gs * 2**7``.
     Grid: (M tiles x N tiles, SPLIT). With SPLIT > 1 each program writes an FP32 partial; the last
     program to finish an output tile (an atomic counter, reset afterwards) adds the partials in
-    split order (deterministic) and writes the result: one launch.
+    split order (deterministic) and writes the result: one launch (:func:`_store_tile`).
     """
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -381,28 +404,15 @@ def w4a16_kernel(
             k_mask = m_mask[:, None] & (tile * BK + tl.arange(0, BK) < K)[None, :]
             x = tl.load(x_rows + tile * BK, mask=k_mask, other=0.0)
             acc = _w4a16_k_tile(x, packed, scale_codes, USE_ASM, INTERPRET, acc)
-    out_scale = tl.load(gs_ptr) * 128.0
     out_mask = m_mask[:, None] & n_mask[None, :]
     tile_offs = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
-    if SPLIT > 1:
-        tl.store(partial_ptr + pid_k * MN + tile_offs, acc, mask=out_mask)
-        done = tl.atomic_add(counter_ptr + pid, 1, sem="acq_rel")
-        if done == SPLIT - 1:  # the last program of this output tile: reduce in split order
-            acc = tl.zeros((BM, BN), dtype=tl.float32)
-            for s in range(SPLIT):
-                acc += tl.load(
-                    partial_ptr + s * MN + tile_offs, mask=out_mask, other=0.0, cache_modifier=".cg"
-                )
-            acc *= out_scale
-            if HAS_BIAS:
-                acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-            tl.store(out_ptr + tile_offs, to_output(acc, out_ptr.dtype.element_ty), mask=out_mask)
-            tl.atomic_xchg(counter_ptr + pid, 0)  # ready for the next call
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     else:
-        acc *= out_scale
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptr + tile_offs, to_output(acc, out_ptr.dtype.element_ty), mask=out_mask)
+        bias = 0.0
+    _store_tile(
+        acc, out_ptr, tile_offs, out_mask, gs_ptr, bias, partial_ptr, counter_ptr, pid, pid_k, MN, SPLIT
+    )
 
 
 @triton.jit
@@ -467,7 +477,7 @@ def w4a16_wide_kernel(
 
     Grid: (N tiles x M tiles, SPLIT), N tiles in groups of GROUP that share the activations in L2.
     SPLIT > 1 splits K: FP32 partials, the last program of an output tile adds them in split order
-    (deterministic, an atomic counter it resets), as in :func:`w4a16_kernel`.
+    (deterministic, an atomic counter it resets): :func:`_store_tile`, as in :func:`w4a16_kernel`.
     """
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -494,24 +504,22 @@ def w4a16_wide_kernel(
         else:
             acc = tl.dot(w, tl.trans(x), acc)
     out_offs = offs_m.to(tl.int64)[None, :] * N + offs_n[:, None]
-    out_mask = m_mask[None, :]
-    if SPLIT > 1:
-        tile = pid_m * num_n + pid_n
-        tl.store(partial_ptr + pid_k * MN + out_offs, acc, mask=out_mask)
-        done = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel")
-        if done == SPLIT - 1:  # the last program of this output tile: reduce in split order
-            acc = tl.zeros((BN, BM), dtype=tl.float32)
-            for s in range(SPLIT):
-                acc += tl.load(
-                    partial_ptr + s * MN + out_offs, mask=out_mask, other=0.0, cache_modifier=".cg"
-                )
-            acc *= tl.load(gs_ptr) * 128.0
-            if HAS_BIAS:
-                acc += tl.load(bias_ptr + offs_n).to(tl.float32)[:, None]
-            tl.store(out_ptr + out_offs, to_output(acc, out_ptr.dtype.element_ty), mask=out_mask)
-            tl.atomic_xchg(counter_ptr + tile, 0)  # ready for the next call
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n).to(tl.float32)[:, None]
     else:
-        acc *= tl.load(gs_ptr) * 128.0
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + offs_n).to(tl.float32)[:, None]
-        tl.store(out_ptr + out_offs, to_output(acc, out_ptr.dtype.element_ty), mask=out_mask)
+        bias = 0.0
+    tile = pid_m * num_n + pid_n
+    _store_tile(
+        acc,
+        out_ptr,
+        out_offs,
+        m_mask[None, :],
+        gs_ptr,
+        bias,
+        partial_ptr,
+        counter_ptr,
+        tile,
+        pid_k,
+        MN,
+        SPLIT,
+    )
