@@ -17,10 +17,12 @@ into a BF16x2 register in five instructions, exactly (``e2m1 * s * 2**-7``), and
 MMAs (Hopper has no FP4 MMA); the global scale multiplies the FP32 result. Two kernels share the
 decoder: a CUDA one compiled at run time with NVRTC (:mod:`~slime_gb10.nvfp4._cuda_w4a16`, M <= 32:
 weights as the MMA's A operand, a cp.async ring, split-K reduced in a thread-block cluster) and a
-Triton one (``tl.dot``, any M; split-K fills the GPU when M is small). Measured on an H100
-(BENCHMARKS.md, NOTES.md): about 2x of BF16 cuBLAS at M <= 4, 1.2-1.5x at M = 16 and 0.7-1.15x at
-M = 32 on 4096-14336 wide layers (the format allows ~3.5x), slower than BF16 above; for large M
-:func:`w4a16_linear` dequantizes and calls cuBLAS instead (0.5-0.9x of BF16).
+Triton one (``tl.dot``, any M; split-K fills the GPU when M is small). A third, the "wide" Triton
+kernel, decodes with integer ops in natural k order and keeps the weights in registers as the MMA's
+A operand (``wgmma`` on sm_90) for tens to hundreds of tokens. Measured on an H100 (BENCHMARKS.md,
+NOTES.md): about 2x of BF16 cuBLAS at M <= 4, 1.2-1.5x at M = 16, 0.96-1.17x at M = 32, 0.8-1.04x at
+M = 64 and 0.6-0.83x at M = 128 on 4096-14336 wide layers (the format allows ~3.5x); above M = 128
+:func:`w4a16_linear` dequantizes and calls cuBLAS instead (0.46-0.88x of BF16).
 """
 
 from __future__ import annotations
@@ -198,8 +200,8 @@ def dequantize_triton(q: NVFP4Tensor, dtype: torch.dtype | None = None) -> torch
 
 
 #: Largest M for which :func:`w4a16_linear` uses a fused kernel on every weight; above it, dequantize
-#: + cuBLAS, except where :func:`fused_is_faster` says otherwise (the CUDA kernel up to M = 32, large
-#: weights up to 64). Measured by ``slime-gb10 bench nvfp4`` (see BENCHMARKS.md); overridable per call.
+#: + cuBLAS, except where :func:`fused_is_faster` says otherwise (the CUDA kernel up to M = 32, the
+#: wide kernel up to 128 on large weights). Measured by ``slime-gb10 bench nvfp4`` (see BENCHMARKS.md); overridable per call.
 FUSED_MAX_M = 16
 
 
