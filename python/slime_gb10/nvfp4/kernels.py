@@ -201,7 +201,8 @@ def dequantize_triton(q: NVFP4Tensor, dtype: torch.dtype | None = None) -> torch
 
 #: Largest M for which :func:`w4a16_linear` uses a fused kernel on every weight; above it, dequantize
 #: + cuBLAS, except where :func:`fused_is_faster` says otherwise (the CUDA kernel up to M = 32, the
-#: wide kernel up to 128 on large weights). Measured by ``slime-gb10 bench nvfp4`` (see BENCHMARKS.md); overridable per call.
+#: wide kernel up to 128 on large weights). Measured by ``slime-gb10 bench nvfp4`` (see
+#: BENCHMARKS.md); overridable per call.
 FUSED_MAX_M = 16
 
 
@@ -397,6 +398,15 @@ def _split_counters(device: torch.device, n: int) -> torch.Tensor:
     return buf
 
 
+def _split_k_buffers(out: torch.Tensor, split: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Triton kernels' split-K buffers: FP32 partials ``[split, M, N]`` and ``tiles`` counters
+    (:func:`_split_counters`); without split-K the kernels never touch them (``out`` stands in)."""
+    if split == 1:
+        return out, out
+    partial = torch.empty((split, *out.shape), dtype=torch.float32, device=out.device)
+    return partial, _split_counters(out.device, tiles)
+
+
 def w4a16_matmul(
     x: torch.Tensor,
     w: NVFP4Tensor | W4A16Weight,
@@ -418,7 +428,8 @@ def w4a16_matmul(
     ``"wide"`` (the Triton kernel with the weights as the MMA's first operand, for M above 16:
     N % 64 == 0, K % 128 == 0; ``config`` then overrides :func:`wide_config`), or None: the wide
     kernel where :func:`wide_is_faster`, else CUDA where it applies, else Triton, unless ``config``
-    or ``use_asm`` is given (then Triton, or what ``config["engine"]`` names). ``SLIME_GB10_W4A16_ENGINE=triton`` turns the CUDA kernel off. One kernel launch
+    or ``use_asm`` is given (then Triton, or what ``config["engine"]`` names).
+    ``SLIME_GB10_W4A16_ENGINE=triton`` turns the CUDA kernel off. One kernel launch
     (split-K reduces in-kernel: in shared memory for the CUDA kernel; with per-device-and-stream tile
     counters that the kernel resets for the Triton one: do not run two Triton calls on one stream
     concurrently from different threads).
@@ -480,11 +491,7 @@ def w4a16_matmul(
     split = -(-k_tiles // tiles_per_split)
     grid = (-(-M // cfg["BM"]) * -(-N // cfg["BN"]), split)
     bias_arg = bias.contiguous() if has_bias else out
-    if split > 1:
-        partial = torch.empty((split, M, N), dtype=torch.float32, device=x.device)
-        counters = _split_counters(x.device, grid[0])
-    else:
-        partial, counters = out, out
+    partial, counters = _split_k_buffers(out, split, grid[0])
     even = N % cfg["BN"] == 0 and K % (cfg["BK"] * tiles_per_split) == 0
     # the register cap was measured on the unmasked inline-PTX path; the others would spill under it
     extra = {"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") and even and asm else {}
@@ -531,11 +538,7 @@ def _wide_matmul(
             f"got N={N}, K={K}, config {cfg}: use engine='triton'"
         )
     grid = (-(-M // cfg["BM"]) * (N // cfg["BN"]), split)
-    if split > 1:
-        partial = torch.empty((split, M, N), dtype=torch.float32, device=x2.device)
-        counters = _split_counters(x2.device, grid[0])
-    else:
-        partial, counters = out, out
+    partial, counters = _split_k_buffers(out, split, grid[0])
     _kernels()["w4a16_wide"][grid](
         x2,
         w.data,
