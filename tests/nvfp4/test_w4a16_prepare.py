@@ -84,7 +84,10 @@ def test_cuda_kernel_plan():
     assert cuda.plan(1, 14336, 4096, 132) == ring(1, 1, 2)
     assert cuda.plan(4, 4096, 4096, 132) == ring(1, 2, 1)
     assert cuda.plan(1, 896, 4864, 132) == ring(1, 8, 1)
-    assert cuda.plan(8, 4096, 4096, 48) == ring(1, 1, 1)
+    assert cuda.plan(4, 4096, 4096, 48) == ring(1, 1, 1)
+    # at M = 8 the same 4 parts: cluster 1 would stage 32 segments x 2 KB (+ 30 KB ring = 94 KB), so
+    # cluster 2 x 2 K-warps (16 x 2 + 30 = 62 KB), see below
+    assert cuda.plan(8, 4096, 4096, 48) == ring(1, 2, 2)
     # M = 16, K = 14336, 8 parts: cluster 2 or 4 would stage 229 or 114 KB of activations; cluster 8
     # stages 57 KB, plus a 30 KB ring is over 64 KB, so the codes go through registers (256 wide)
     assert cuda.plan(16, 4096, 14336, 132) == cuda.Plan(2, 8, 4, 2, rows=32, loads=2)
@@ -95,6 +98,16 @@ def test_cuda_kernel_plan():
     assert cuda.plan(32, 4096, 4096, 132) == cuda.Plan(4, 2, 1, 1, stages=3, window=2)
     assert cuda.plan(32, 14336, 4096, 132) == cuda.Plan(4, 1, 2, 1, stages=3, window=4)
     assert cuda.plan(20, 896, 4864, 132) == cuda.Plan(3, 8, 1, 1, stages=3)
+    # M = 5..8 stores 8 tokens: tilings over 64 KB come after the others with as many K parts.
+    # 4096 x 14336, 8 parts: cluster 2 stages 56 segments x 2 KB = 112 KB (does not fit), cluster 4
+    # 28 x 2 KB + 30 KB ring = 86 KB, cluster 8 14 x 2 KB + 30 KB = 58 KB; 14336 x 4096, 2 parts:
+    # cluster 1 (2 K-warps) 64 + 30 KB, cluster 2 (4 row warps, 1 K-warp) 32 + 30 KB; 4096 x 4096
+    # keeps cluster 2 (16 x 2 + 30 = 62 KB); M = 4 stores 4 tokens and keeps the old order.
+    assert cuda.plan(8, 4096, 14336, 132) == ring(1, 8, 4)
+    assert cuda.plan(5, 4096, 14336, 132) == ring(1, 8, 4)
+    assert cuda.plan(8, 14336, 4096, 132) == ring(1, 2, 4)
+    assert cuda.plan(8, 4096, 4096, 132) == ring(1, 2, 1)
+    assert cuda.plan(4, 4096, 14336, 132) == ring(1, 2, 1)
     assert cuda.plan(33, 4096, 4096, 132) is None
     assert cuda.plan(1, 4100, 4096, 132) is None  # N not a multiple of 32
     assert cuda.plan(1, 4096, 4000, 132) is None  # K not a multiple of 128
