@@ -26,8 +26,9 @@ import sys
 import click
 import torch
 
-#: The issue's, 32 (the CUDA kernel's limit) and 128 (a GRPO rollout batch: 16 prompts x 8 samples).
-M_VALUES = (1, 4, 16, 32, 64, 128, 256, 1024, 4096)
+#: The issue's, 8 (a small rollout batch), 32 (the CUDA kernel's limit) and 128 (a GRPO rollout batch:
+#: 16 prompts x 8 samples).
+M_VALUES = (1, 4, 8, 16, 32, 64, 128, 256, 1024, 4096)
 NK_SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336), (896, 4864))
 QUANTIZE_SHAPES = ((8192, 16384), (16384, 32768))  # 256 MiB and 1 GiB of BF16
 
