@@ -512,8 +512,8 @@ def plan(M: int, N: int, K: int, sm_count: int) -> Plan | None:
     * K is split into ``parts`` = cluster x K-warps per block, the power of two nearest to
       ``8 * SMs`` warps in all; at equal parts, smaller clusters (more K-warps per block) first,
       except that for M = 5..8 (8 tokens staged) tilings over 64 KB of shared memory come last: their
-      blocks stage up to 57 KB of activations each, 1.37x of BF16 against 1.93x with cluster 8 on
-      4096 x 14336 (M = 6 and 8, session 6 sweep);
+      blocks stage up to 57 KB of activations each: 1.37x of BF16 against 1.8x with cluster 8 and
+      4 row warps on 4096 x 14336 (M = 6 and 8, session 6 sweep);
     * M <= 16: the codes stream through a 3-stage cp.async ring in shared memory, unless M > 8 and
       the ring would take the block over 64 KB (the activations of 16 tokens are large: one block
       per SM), or nothing else fits; then through registers, two 256-wide segments deep;
