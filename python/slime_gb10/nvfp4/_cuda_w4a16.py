@@ -71,38 +71,16 @@ class Plan(NamedTuple):
     window: int = 0
 
 
-def _source(p: Plan) -> str:
-    from slime_gb10.nvfp4._triton_kernels import _PAIR_DECODER_PTX
-
-    decoder = str(_PAIR_DECODER_PTX.value).replace("$", "%").replace("\n", " ")
-    cluster_attr = f"__cluster_dims__(1, {p.cluster}, 1)" if p.cluster > 1 else ""
-    return (
-        f"#define NT {p.nt}\n#define CLUSTER {p.cluster}\n#define RW {p.rw}\n#define DEPTH {p.depth}\n"
-        f"#define ROWS {p.rows}\n#define LOADS {p.loads}\n#define STAGES {p.stages}\n#define MINB {p.minb}\n"
-        f"#define CLUSTER_ATTR {cluster_attr}\n#define WINDOWED {int(p.window > 0)}\n"
-        + r"""
-#define KW (4 / RW)
-#define MT (ROWS / 16)  /* m16 tiles per warp */
-#define RG (ROWS / 8)   /* row groups of 8 per warp */
-#define RED_STRIDE (8 * NT + 1)  /* floats per row of the split-K partials (+1: no bank conflicts) */
+#: Device code shared by the NVRTC kernels (``w4a16_small`` here, ``w4a16_gemm`` in
+#: :mod:`~slime_gb10.nvfp4._cuda_gemm`): types, the BF16 MMA, rounding to BF16, cp.async, DSMEM.
+DEVICE_HELPERS = r"""
 typedef unsigned int u32;
 typedef unsigned short u16;
-
-__device__ __forceinline__ void decode(u32 q, u32 s2, u32& r0, u32& r1, u32& r2, u32& r3) {
-    asm(" """
-        + decoder
-        + r""" " : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(q), "r"(s2));
-}
 
 __device__ __forceinline__ void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ u32 scale_pair(u32 code) {  // BF16 s * 2**119 in both halves
-    u32 v = (code << 4) + (237u << 7);
-    return v | (v << 16);
 }
 
 __device__ __forceinline__ u16 to_bf16(float f) {  // round to nearest even (finite values)
@@ -140,6 +118,37 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
+
+"""
+
+
+def _source(p: Plan) -> str:
+    from slime_gb10.nvfp4._triton_kernels import _PAIR_DECODER_PTX
+
+    decoder = str(_PAIR_DECODER_PTX.value).replace("$", "%").replace("\n", " ")
+    cluster_attr = f"__cluster_dims__(1, {p.cluster}, 1)" if p.cluster > 1 else ""
+    return (
+        f"#define NT {p.nt}\n#define CLUSTER {p.cluster}\n#define RW {p.rw}\n#define DEPTH {p.depth}\n"
+        f"#define ROWS {p.rows}\n#define LOADS {p.loads}\n#define STAGES {p.stages}\n#define MINB {p.minb}\n"
+        f"#define CLUSTER_ATTR {cluster_attr}\n#define WINDOWED {int(p.window > 0)}\n"
+        + r"""
+#define KW (4 / RW)
+#define MT (ROWS / 16)  /* m16 tiles per warp */
+#define RG (ROWS / 8)   /* row groups of 8 per warp */
+#define RED_STRIDE (8 * NT + 1)  /* floats per row of the split-K partials (+1: no bank conflicts) */
+"""
+        + DEVICE_HELPERS
+        + r"""
+__device__ __forceinline__ void decode(u32 q, u32 s2, u32& r0, u32& r1, u32& r2, u32& r3) {
+    asm(" """
+        + decoder
+        + r""" " : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(q), "r"(s2));
+}
+
+__device__ __forceinline__ u32 scale_pair(u32 code) {  // BF16 s * 2**119 in both halves
+    u32 v = (code << 4) + (237u << 7);
+    return v | (v << 16);
+}
 
 struct Segment {  // one segment: row groups g + 8 rg, LOADS 16-byte loads of codes + 2 scale codes each
     uint4 q[RG][LOADS];
