@@ -155,7 +155,8 @@ def test_cuda_kernel_stays_under_48_kb_without_the_opt_in(monkeypatch):
 
 def test_fused_crossover():
     """Where ``w4a16_linear`` takes a fused kernel (the H100 crossovers of BENCHMARKS.md): any weight
-    up to M = 16; the CUDA kernel, where it runs and tiles the shape (N % 32, K % 128), up to M = 32;
+    up to M = 16; the CUDA kernels, where they run and tile the shape (N % 32, K % 128), up to M = 32,
+    and the GEMM one (N % 64) up to M = 64;
     the wide kernel on weights of >= 2**24 parameters that it tiles (N % 64, K % 128) up to M = 128
     (4096 x 4096 is 16.8 M; 896 x 4864 is 4.4 M); other weights of >= 2**25 up to M = 64."""
     assert kernels.fused_is_faster(16, 4100, 4000)
@@ -163,7 +164,9 @@ def test_fused_crossover():
     assert kernels.fused_is_faster(32, 4096, 4096, cuda_kernel=True)
     assert not kernels.fused_is_faster(32, 4100, 4096, cuda_kernel=True)  # N not a multiple of 32
     assert not kernels.fused_is_faster(32, 4096, 4000, cuda_kernel=True)  # K not a multiple of 128
-    assert not kernels.fused_is_faster(33, 896, 4864, cuda_kernel=True)  # too small for the wide kernel
+    assert not kernels.fused_is_faster(65, 896, 4864, cuda_kernel=True)  # too small for the wide kernel
+    assert kernels.fused_is_faster(64, 896, 4864, cuda_kernel=True)  # the CUDA GEMM kernel
+    assert not kernels.fused_is_faster(33, 896, 4864)  # ... which needs the CUDA kernels to run
     assert kernels.fused_is_faster(17, 4096, 4096) and kernels.fused_is_faster(128, 4096, 4096)
     assert kernels.fused_is_faster(17, 896, 4864, cuda_kernel=True)  # the CUDA kernel
     assert not kernels.fused_is_faster(129, 4096, 4096)
@@ -198,3 +201,107 @@ def test_wide_kernel_choice():
     assert not kernels.wide_is_faster(16, 4096, 4096) and kernels.wide_is_faster(17, 4096, 4096)
     assert not kernels.wide_is_faster(32, 896, 4864) and kernels.wide_is_faster(33, 896, 4864)
     assert not kernels.wide_is_faster(40, 4100, 4096) and not kernels.wide_is_faster(40, 4096, 4000)
+
+
+def test_cuda_gemm_plan():
+    """The GEMM kernel's tiling rule, hand-derived: blocks of 4 warps x 16 rows (64 rows); 32 tokens
+    per block up to M = 32 and while 64-row x 32-token blocks fit in one wave, else 64 tokens; the
+    largest cluster (1, 2, 4, 8) that keeps the blocks within one wave; 4 stages."""
+    from slime_gb10.nvfp4 import _cuda_gemm as gemm
+
+    def tiling(nt, cluster):
+        return gemm.GemmPlan(4, 1, 1, nt, stages=4, cluster=cluster)
+
+    # M = 32: 4096 rows = 64 blocks -> x2 = 128 <= 132 (x4 = 256 is not); 14336 rows = 224 blocks
+    # (no cluster, and still 32 tokens: 64 would not make fewer blocks); 896 rows = 14 -> x8 = 112
+    assert gemm.plan(32, 4096, 4096, 132) == tiling(4, 2)
+    assert gemm.plan(17, 4096, 14336, 132) == tiling(4, 2)
+    assert gemm.plan(32, 14336, 4096, 132) == tiling(4, 1)
+    assert gemm.plan(9, 896, 4864, 132) == tiling(4, 8)
+    # M = 64: 4096 rows x 2 token blocks = 128 blocks fit; 14336 rows x 2 = 448 do not -> 64 tokens
+    # (224 blocks); 896 rows x 2 = 28 -> x4 = 112
+    assert gemm.plan(64, 4096, 4096, 132) == tiling(4, 1)
+    assert gemm.plan(64, 14336, 4096, 132) == tiling(8, 1)
+    assert gemm.plan(64, 896, 4864, 132) == tiling(4, 4)
+    # GB10's 48 SMs (not measured): 4096 rows are 64 blocks already; 896 rows at M = 64: 28 blocks
+    assert gemm.plan(32, 4096, 4096, 48) == tiling(4, 1)
+    assert gemm.plan(40, 4096, 4096, 48) == tiling(8, 1)
+    assert gemm.plan(64, 896, 4864, 48) == tiling(4, 1)
+    assert gemm.plan(32, 4128, 4096, 132) is None  # N not a multiple of 64
+    assert gemm.plan(32, 4096, 4160, 132) is None  # K not a multiple of 128
+    assert gemm.plan(32, 896, 128 * 6, 132) == tiling(4, 4)  # 14 blocks, but 6 steps of 128: a cluster of 4
+
+
+def test_cuda_gemm_shared_memory_and_validity(monkeypatch):
+    """A stage is 72 B per weight row (64 of codes, 8 of scale codes) and 256 B per token; after the
+    K loop the same memory holds the FP32 partials [rows][tokens + 1]."""
+    from torch.cuda import _utils
+
+    from slime_gb10.nvfp4 import _cuda_gemm as gemm
+
+    assert gemm.shared_bytes(gemm.GemmPlan(4, 1, 1, 4, stages=4)) == 4 * (64 * 72 + 32 * 256)
+    assert gemm.shared_bytes(gemm.GemmPlan(4, 1, 1, 8, stages=4)) == 4 * (64 * 72 + 64 * 256)
+    assert gemm.shared_bytes(gemm.GemmPlan(8, 1, 2, 16, stages=1)) == 256 * 129 * 4  # partials larger
+    p = gemm.GemmPlan(4, 1, 1, 8, stages=4, cluster=8)
+    assert gemm.valid(p, 300, 4096, 1024) and not gemm.valid(p, 300, 4096, 128 * 7)  # 7 steps, 8 blocks
+    assert not gemm.valid(p, 1, 4096 + 32, 4096)  # rows in blocks of 64
+    assert not gemm.valid(gemm.GemmPlan(4, 1, 1, 3), 8, 4096, 4096)  # ldmatrix.x4 takes token tiles in pairs
+    assert not gemm.valid(gemm.GemmPlan(4, 1, 1, 4, stages=1), 8, 4096, 4096)  # no pipeline
+    # without the opt-in above 48 KB: 4 stages of 64 tokens (84 KB) do not fit, 2 stages (42 KB) do
+    monkeypatch.setattr(_utils, "_CudaKernel", type("OldKernel", (), {}))
+    assert gemm.plan(64, 14336, 4096, 132) == gemm.GemmPlan(4, 1, 1, 8, stages=2)
+    assert gemm.plan(32, 4096, 4096, 132) == gemm.GemmPlan(4, 1, 1, 4, stages=3, cluster=2)  # 37.5 KB
+
+
+def test_cuda_gemm_choice():
+    """The GEMM kernel from M = 9 to 64 where it tiles the shape, except M = 33..64 on layers with
+    K > N of >= 2**24 weights (the wide kernel's measured lead on 4096 x 14336)."""
+    assert not kernels.gemm_is_faster(8, 4096, 4096) and kernels.gemm_is_faster(9, 4096, 4096)
+    assert kernels.gemm_is_faster(64, 4096, 4096) and not kernels.gemm_is_faster(65, 4096, 4096)
+    assert kernels.gemm_is_faster(32, 4096, 14336) and not kernels.gemm_is_faster(33, 4096, 14336)
+    assert kernels.gemm_is_faster(64, 14336, 4096)
+    assert kernels.gemm_is_faster(64, 896, 4864)  # 4.4 M weights
+    assert not kernels.gemm_is_faster(24, 4128, 4096) and not kernels.gemm_is_faster(24, 4096, 4160)
+
+
+def _source_int(pattern: str, source: str) -> list[int]:
+    import re
+
+    match = re.search(pattern, source)
+    assert match, pattern
+    return [int(v, 0) for v in match.groups()]
+
+
+def test_cuda_gemm_byte_decoder_constants():
+    """The GEMM kernel's byte decoder, evaluated from its CUDA source for all 256 bytes: the two codes
+    of byte b (k even in the low nibble) come out as the BF16 pair ``e2m1(code) * 2**-126`` (the
+    E2M1 table, signs included: -0 for code 8), which ``mul.rn.bf16x2`` by ``s * 2**119`` turns into
+    ``e2m1 * s * 2**-7``. The scale pair of every code byte is the BF16 of the scale code's E4M3 value
+    times 2**119 in both halves (the codes of :func:`kernels.w4a16_scale_codes`)."""
+    import struct
+
+    from slime_gb10.nvfp4 import _cuda_gemm as gemm
+    from slime_gb10.nvfp4.format import E2M1_VALUES
+
+    source = gemm._source(gemm.GemmPlan(4, 1, 1, 4))
+    mag_mul, mag_mask, sign_mul, sign_mask = _source_int(
+        r"\(\(b \* (\d+)u\) & (0x[0-9A-F]+)u\) \| \(\(b \* (\d+)u\) & (0x[0-9A-F]+)u\)", source
+    )
+
+    def bf16(bits: int) -> float:
+        return struct.unpack("<f", struct.pack("<I", bits << 16))[0]
+
+    for b in range(256):
+        r = (((b * mag_mul) & mag_mask) | ((b * sign_mul) & sign_mask)) & 0xFFFFFFFF
+        for half, code in ((r & 0xFFFF, b & 15), (r >> 16, b >> 4)):
+            got = bf16(half)
+            assert got == E2M1_VALUES[code] * 2.0**-126, (b, code)
+            assert struct.pack("<f", got)[3] >> 7 == code >> 3, (b, code)  # the sign, zeros included
+    (shift_mul,) = _source_int(r"\* (\d+)u \+ \(\(237u << 7\) \| \(237u << 23\)\)", source)
+    bias = 237 << 7
+    scales = torch.arange(127, dtype=torch.uint8).view(torch.float8_e4m3fn)  # every finite E4M3 >= 0
+    codes = kernels.w4a16_scale_codes(scales)
+    for s, code in zip(scales.float().tolist(), codes.tolist(), strict=True):
+        pair = (code | code << 16) * shift_mul + (bias | bias << 16)  # the byte in both halves
+        expected = s * 2.0**119 if s > 0 else -0.0  # a zero scale decodes as -0.0 (ZERO_SCALE_CODE)
+        assert bf16(pair & 0xFFFF) == expected and bf16(pair >> 16) == expected, (s, code)
