@@ -295,9 +295,10 @@ def test_nvfp4_linear_w4a16_matches_reference_backend(kernels):
         torch.testing.assert_close(fast(x).float(), slow(x).float(), rtol=2e-2, atol=2e-2)
 
 
-def test_nvfp4_linear_w4a16_takes_the_wide_kernel_for_rollout_batches(kernels):
+def test_nvfp4_linear_w4a16_takes_a_fused_kernel_for_rollout_batches(kernels):
     """A 4096 x 4096 layer (16.8 M parameters) at M = 48 and 128 (a GRPO rollout batch): the module
-    takes the wide kernel by itself (``fused_is_faster``) and matches the reference backend."""
+    takes a fused kernel by itself (``fused_is_faster``: the CUDA GEMM kernel at 48, the wide one at
+    128) and matches the reference backend."""
     torch.manual_seed(1)
     linear = nn.Linear(4096, 4096, dtype=torch.bfloat16, device="cuda")
     fast = NVFP4Linear.from_linear(linear, backend="w4a16")
@@ -404,5 +405,110 @@ def test_cuda_w4a16_refuses_shapes_it_cannot_tile(kernels):
     with pytest.raises(ValueError, match="N % 32"):
         kernels.w4a16_matmul(x, q, engine="cuda")
     out = kernels.w4a16_matmul(x, q)  # the automatic choice takes the Triton kernel instead
+    expected = x.double() @ dequantize_reference(q, torch.float64).T
+    assert float((out.double() - expected).norm() / expected.norm()) < 1e-2
+
+
+def _cuda_gemm_engine():
+    from slime_gb10.nvfp4 import _cuda_gemm, _cuda_w4a16
+
+    if not _cuda_w4a16.available():
+        pytest.skip("the CUDA W4A16 GEMM kernel needs sm_90+ and torch.cuda._compile_kernel (NVRTC)")
+    return _cuda_gemm
+
+
+@pytest.mark.parametrize(
+    ("M", "N", "K", "bias"),
+    [
+        (1, 128, 512, False),
+        (9, 896, 4864, True),
+        (37, 4096, 4096, False),
+        (64, 14336, 4096, True),
+        (130, 512, 1152, True),
+        (200, 1024, 2048, False),
+    ],
+)
+def test_cuda_gemm_matches_reference_with_poisoned_output(kernels, M, N, K, bias):
+    """The GEMM kernel's tilings against float64: the plan's choice and others with 4 or 8 warps,
+    16 or 32 rows and 32-128 tokens per warp, warps split over tokens, 2-4 stages and clusters of 1-8
+    blocks (K = 1152 is 9 steps of 128: uneven K splits); M not a multiple of the token tile (the
+    zero-filled tokens must not be written). Outputs start as NaN, so a missed element fails; a second
+    call gives the same bits (the cluster reduction has a fixed order)."""
+    gemm = _cuda_gemm_engine()
+    g = torch.Generator(device="cuda").manual_seed(M * 7 + N + K)
+    w = torch.randn(N, K, device="cuda", generator=g) * 0.05
+    x = torch.randn(M, K, device="cuda", generator=g).to(torch.bfloat16)
+    b = torch.randn(N, device="cuda", generator=g).to(torch.bfloat16) if bias else None
+    q = quantize_reference(w)
+    expected = x.double() @ dequantize_reference(q, torch.float64).T + (b.double() if bias else 0)
+    p = kernels.prepare_w4a16(q)
+    candidates = [gemm.plan(M, N, K, 132)] + [
+        gemm.GemmPlan(*t)
+        for t in [
+            (4, 1, 1, 4, 2, 1),
+            (4, 1, 2, 8, 3, 2),
+            (8, 1, 1, 8, 2, 4),
+            (2, 2, 2, 8, 2, 8),
+            (4, 1, 1, 16, 2, 1),
+            (8, 1, 1, 4, 3, 1),
+            (4, 1, 2, 4, 4, 8),
+        ]
+    ]
+    tried = 0
+    for tiling in candidates:
+        if not gemm.valid(tiling, M, N, K):
+            continue
+        out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+        gemm.w4a16_gemm(x, p.data, p.scale_codes, p.global_scale, b, out, tiling)
+        assert torch.isfinite(out).all(), f"an output element was not written ({tiling})"
+        err = float((out.double() - expected).norm() / expected.norm())
+        assert err < 1e-2, (tiling, err)
+        again = torch.full_like(out, float("nan"))
+        gemm.w4a16_gemm(x, p.data, p.scale_codes, p.global_scale, b, again, tiling)
+        assert torch.equal(again, out), tiling
+        tried += 1
+    assert tried >= 6
+    got = kernels.w4a16_matmul(x, p, b, engine="gemm")
+    assert float((got.double() - expected).norm() / expected.norm()) < 1e-2
+
+
+def test_w4a16_matmul_takes_the_gemm_kernel_from_9_to_64_tokens(kernels, monkeypatch):
+    """The automatic choice (``gemm_is_faster``): the GEMM kernel at M = 9, 24 and 64 on a 4096 x 4096
+    weight, not at M = 8 (the weight-streaming CUDA kernel) nor at M = 40 on a K > N layer of 2**24
+    weights (the wide kernel); the results match float64 either way."""
+    gemm = _cuda_gemm_engine()
+    launches = []
+    real = gemm.w4a16_gemm
+
+    def spy(*args):
+        launches.append(args[0].shape[0])
+        return real(*args)
+
+    monkeypatch.setattr(gemm, "w4a16_gemm", spy)
+    for M, N, K, gemm_expected in [
+        (8, 4096, 4096, False),
+        (9, 4096, 4096, True),
+        (24, 4096, 4096, True),
+        (64, 4096, 4096, True),
+        (40, 2048, 8192, False),
+    ]:
+        q = quantize_reference(torch.randn(N, K, device="cuda") * 0.05)
+        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        launches.clear()
+        out = kernels.w4a16_matmul(x, kernels.prepare_w4a16(q))
+        assert launches == ([M] if gemm_expected else []), (M, N, K)
+        expected = x.double() @ dequantize_reference(q, torch.float64).T
+        assert float((out.double() - expected).norm() / expected.norm()) < 1e-2
+
+
+def test_cuda_gemm_refuses_shapes_it_cannot_tile(kernels):
+    _cuda_gemm_engine()
+    q = quantize_reference(torch.randn(224, 256, device="cuda"))
+    x = torch.randn(24, 256, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="N % 64"):
+        kernels.w4a16_matmul(x, q, engine="gemm")
+    out = kernels.w4a16_matmul(
+        x, q
+    )  # automatic: not the CUDA kernel either (2 K steps for 4 K-warps): Triton
     expected = x.double() @ dequantize_reference(q, torch.float64).T
     assert float((out.double() - expected).norm() / expected.norm()) < 1e-2

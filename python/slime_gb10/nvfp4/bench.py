@@ -8,8 +8,9 @@ ratio to them and to the PyTorch baseline:
   with a given global scale (one pass) and with the amax pass (two reads of the input);
 * the W4A16 GEMM vs BF16 ``torch.matmul`` for M in {1, 4, 16, 32, 64, 128, 256, 1024, 4096} and
   (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336), (896, 4864)}: the fused kernels (the best
-  of the CUDA kernel up to M = 32, the wide Triton kernel above, and a few tile configurations of
-  the Triton kernel), dequantize + cuBLAS, and what ``w4a16_linear`` picks by itself.
+  of the weight-streaming CUDA kernel up to M = 32, the CUDA GEMM kernel up to M = 128, the wide
+  Triton kernel above M = 16, and a few tile configurations of the Triton kernel), dequantize +
+  cuBLAS, and what ``w4a16_linear`` picks by itself.
 
 Quantize timings are medians of ``triton.testing.do_bench`` (CUDA events, L2 flushed before each
 call). GEMM timings are per call in a CUDA graph of back-to-back calls that cycle through enough
@@ -186,8 +187,8 @@ def graph_time(calls, reps: int, replays: int = 7) -> float:
 
 def _call(cfg: dict, asm: bool | None) -> dict:
     """w4a16_matmul keyword arguments for one bench candidate."""
-    if cfg.get("engine") == "cuda":
-        return {"engine": "cuda"}
+    if cfg.get("engine") in ("cuda", "gemm"):
+        return {"engine": cfg["engine"]}
     if cfg.get("engine") == "wide":
         return {"config": cfg, "engine": "wide"}
     return {"config": cfg, "use_asm": asm, "engine": "triton"}
@@ -256,6 +257,8 @@ def bench_w4a16(
                     candidates.append((cfg, True))
             if m <= _cuda_w4a16.MAX_M:  # the CUDA kernel (NVRTC) where it can run
                 candidates.append(({"engine": "cuda", "BK": 128}, None))
+            if m <= 2 * kernels.GEMM_MAX_M:  # the CUDA GEMM kernel, also a little past its crossover
+                candidates.append(({"engine": "gemm", "BK": 128}, None))
             if m > kernels.FUSED_MAX_M:  # the wide kernel: its default, then a few other tiles
                 for extra in ({},) + (WIDE_CONFIGS if tune else ()):
                     cfg = kernels.wide_config(m, n, k, sms, **extra)

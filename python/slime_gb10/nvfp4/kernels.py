@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from slime_gb10.nvfp4 import _cuda_w4a16
+from slime_gb10.nvfp4 import _cuda_gemm, _cuda_w4a16
 from slime_gb10.nvfp4.format import (
     BLOCK_SIZE,
     NVFP4Tensor,
@@ -228,7 +228,8 @@ def _cuda_engine_available(device_index: int) -> bool:
     if not _cuda_w4a16.available():
         return False
     try:
-        _cuda_w4a16._kernel(device_index, _cuda_w4a16.Plan(1, 1, 1, 1, stages=3, minb=4))  # NVRTC compile
+        _cuda_w4a16._kernel(device_index, _cuda_w4a16.Plan(1, 1, 1, 1, stages=3, minb=4))  # NVRTC compiles
+        _cuda_gemm._kernel(device_index, _cuda_gemm.GemmPlan(4, 1, 1, 4, stages=4))
     except Exception as exc:  # no NVRTC library, an unsupported arch: the Triton kernel instead
         import warnings
 
@@ -369,14 +370,31 @@ def wide_is_faster(M: int, N: int, K: int) -> bool:
     return M > _cuda_w4a16.MAX_M or N * K >= WIDE_MIN_PARAMS
 
 
+GEMM_MIN_M = 8  # the CUDA GEMM kernel from M = 9 (below, the weight-streaming CUDA kernel leads)
+GEMM_MAX_M = 64  # its last M ahead of the other kernels (H100; NOTES.md)
+
+
+def gemm_is_faster(M: int, N: int, K: int) -> bool:
+    """Whether the CUDA GEMM kernel (:mod:`~slime_gb10.nvfp4._cuda_gemm`) is the fused kernel to
+    take, where the CUDA kernels run: M = 9..64 on shapes it tiles (N % 64, K % 128), except M = 33..64
+    on layers with K > N of >= 2**24 weights, where the wide kernel's split-K leads (H100 sweeps:
+    4096 x 14336 at M = 40-64: 0.82-0.85x of BF16 against 1.01-1.02x)."""
+    if not GEMM_MIN_M < M <= GEMM_MAX_M or N % 64 or K % 128:
+        return False
+    return M <= 32 or N >= K or N * K < WIDE_MIN_PARAMS
+
+
 def fused_is_faster(M: int, N: int, K: int, cuda_kernel: bool = False) -> bool:
     """Whether :func:`w4a16_linear` takes a fused kernel: measured crossovers on the H100 (any
-    weight up to M=16; the CUDA kernel, where it runs (``cuda_kernel``) and tiles the shape, up to
-    M=32; the wide kernel on weights of >= 16 M parameters it tiles up to M=128; the Triton kernel
-    on other weights of >= 32 M parameters up to M=64; dequantize + cuBLAS above)."""
+    weight up to M=16; where the CUDA kernels run (``cuda_kernel``), up to M=32 on shapes one of them
+    tiles and up to M=64 where the GEMM kernel tiles the shape; the wide kernel on weights of >= 16 M
+    parameters it tiles up to M=128; the Triton kernel on other weights of >= 32 M parameters up to
+    M=64; dequantize + cuBLAS above)."""
     if M <= FUSED_MAX_M:
         return True
     if cuda_kernel and M <= _cuda_w4a16.MAX_M and N % 32 == 0 and K % 128 == 0:
+        return True
+    if cuda_kernel and gemm_is_faster(M, N, K):
         return True
     if N * K >= WIDE_MIN_PARAMS and wide_config(M, N, K, 1) is not None:
         return M <= WIDE_MAX_M
@@ -424,12 +442,14 @@ def w4a16_matmul(
     :func:`w4a16_config` (keys BM, BN, BK, split, num_warps, num_stages, optional maxnreg);
     ``use_asm`` forces the decoder (default: the inline-PTX one on sm_90+); ``out`` is an optional
     contiguous BF16 ``[M, N]`` output buffer. ``engine``: ``"cuda"`` (the NVRTC kernel of
-    :mod:`~slime_gb10.nvfp4._cuda_w4a16`: M <= 32, N % 32 == 0, K % 128 == 0, sm_90+), ``"triton"``,
-    ``"wide"`` (the Triton kernel with the weights as the MMA's first operand, for M above 16:
-    N % 64 == 0, K % 128 == 0; ``config`` then overrides :func:`wide_config`), or None: the wide
+    :mod:`~slime_gb10.nvfp4._cuda_w4a16`: M <= 32, N % 32 == 0, K % 128 == 0, sm_90+), ``"gemm"``
+    (the NVRTC GEMM kernel of :mod:`~slime_gb10.nvfp4._cuda_gemm`: any M, N % 64 == 0,
+    K % 128 == 0, sm_90+), ``"triton"``, ``"wide"`` (the Triton kernel with the weights as the MMA's
+    first operand, for M above 16: N % 64 == 0, K % 128 == 0; ``config`` then overrides
+    :func:`wide_config`), or None: the GEMM kernel where :func:`gemm_is_faster`, else the wide
     kernel where :func:`wide_is_faster`, else CUDA where it applies, else Triton, unless ``config``
     or ``use_asm`` is given (then Triton, or what ``config["engine"]`` names).
-    ``SLIME_GB10_W4A16_ENGINE=triton`` turns the CUDA kernel off. One kernel launch
+    ``SLIME_GB10_W4A16_ENGINE=triton`` turns the CUDA kernels off. One kernel launch
     (split-K reduces in-kernel: in shared memory for the CUDA kernel; with per-device-and-stream tile
     counters that the kernel resets for the Triton one: do not run two Triton calls on one stream
     concurrently from different threads).
@@ -457,11 +477,24 @@ def w4a16_matmul(
     if engine is None and config is not None:
         engine = config.get("engine", "triton")
     if engine is None:
-        cuda_fits = M <= _cuda_w4a16.MAX_M and N % 32 == 0 and K % 128 == 0 and use_asm is None
-        if use_asm is None and wide_is_faster(M, N, K):
+        cuda_fits = use_asm is None and _cuda_w4a16.plan(M, N, K, _sm_count(x.device)) is not None
+        gemm_fits = gemm_is_faster(M, N, K) and _cuda_gemm.plan(M, N, K, _sm_count(x.device)) is not None
+        if use_asm is None and gemm_fits and _cuda_engine_ok(x.device):
+            engine = "gemm"
+        elif use_asm is None and wide_is_faster(M, N, K):
             engine = "wide"
         else:
             engine = "cuda" if cuda_fits and _cuda_engine_ok(x.device) else "triton"
+    if engine == "gemm":
+        tiling = _cuda_gemm.plan(M, N, K, _sm_count(x.device))
+        if tiling is None:
+            raise ValueError(
+                f"the CUDA W4A16 GEMM kernel takes N % 64 == 0 and K % 128 == 0; got N={N}, K={K}: use engine='triton'"
+            )
+        _cuda_gemm.w4a16_gemm(
+            x2, w.data, w.scale_codes, w.global_scale, bias.contiguous() if has_bias else None, out, tiling
+        )
+        return out.reshape(*lead, N)
     if engine == "wide":
         return _wide_matmul(x2, w, bias, out, config or wide_config(M, N, K, _sm_count(x.device))).reshape(
             *lead, N
