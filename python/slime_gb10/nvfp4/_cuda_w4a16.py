@@ -1,5 +1,9 @@
 """W4A16 GEMM for M <= 32 in CUDA C, compiled at run time with NVRTC (``torch.cuda._compile_kernel``).
 
+The automatic choice (``kernels.w4a16_matmul``) takes this weight-streaming kernel up to M = 8; from
+M = 9 the GEMM-shaped kernel of :mod:`~slime_gb10.nvfp4._cuda_gemm` is faster on the bench layers
+(NOTES.md, session 7). Both are reachable with ``engine=``.
+
 Why not Triton here: the Triton kernel (``_triton_kernels.w4a16_kernel``) decodes as few instructions
 per weight as this one, but the K loop Triton generates around ``tl.dot`` stays latency bound (staged
 codes read back from shared memory with bank conflicts, barriers, few warps): 1.1-1.3x of BF16 at
