@@ -474,8 +474,9 @@ def test_cuda_gemm_matches_reference_with_poisoned_output(kernels, M, N, K, bias
 
 def test_w4a16_matmul_takes_the_gemm_kernel_from_9_to_64_tokens(kernels, monkeypatch):
     """The automatic choice (``gemm_is_faster``): the GEMM kernel at M = 9, 24 and 64 on a 4096 x 4096
-    weight, not at M = 8 (the weight-streaming CUDA kernel) nor at M = 40 on a K > N layer of 2**24
-    weights (the wide kernel); the results match float64 either way."""
+    weight and at M = 24 on a K > N layer of 2**24 weights, not at M = 8 (the weight-streaming CUDA
+    kernel) nor at M = 12 and 40 on that K > N layer (the weight-streaming and the wide kernel); the
+    results match float64 either way."""
     gemm = _cuda_gemm_engine()
     launches = []
     real = gemm.w4a16_gemm
@@ -490,6 +491,8 @@ def test_w4a16_matmul_takes_the_gemm_kernel_from_9_to_64_tokens(kernels, monkeyp
         (9, 4096, 4096, True),
         (24, 4096, 4096, True),
         (64, 4096, 4096, True),
+        (24, 2048, 8192, True),
+        (12, 2048, 8192, False),
         (40, 2048, 8192, False),
     ]:
         q = quantize_reference(torch.randn(N, K, device="cuda") * 0.05)

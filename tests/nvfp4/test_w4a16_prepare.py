@@ -254,11 +254,13 @@ def test_cuda_gemm_shared_memory_and_validity(monkeypatch):
 
 
 def test_cuda_gemm_choice():
-    """The GEMM kernel from M = 9 to 64 where it tiles the shape, except M = 33..64 on layers with
-    K > N of >= 2**24 weights (the wide kernel's measured lead on 4096 x 14336)."""
+    """The GEMM kernel from M = 9 to 64 where it tiles the shape, but on layers with K > N of >= 2**24
+    weights only at M = 17..32 (the other kernels' measured leads on 4096 x 14336)."""
     assert not kernels.gemm_is_faster(8, 4096, 4096) and kernels.gemm_is_faster(9, 4096, 4096)
     assert kernels.gemm_is_faster(64, 4096, 4096) and not kernels.gemm_is_faster(65, 4096, 4096)
     assert kernels.gemm_is_faster(32, 4096, 14336) and not kernels.gemm_is_faster(33, 4096, 14336)
+    assert kernels.gemm_is_faster(17, 4096, 14336) and not kernels.gemm_is_faster(16, 4096, 14336)
+    assert kernels.gemm_is_faster(9, 896, 4864)  # K > N, but 4.4 M weights
     assert kernels.gemm_is_faster(64, 14336, 4096)
     assert kernels.gemm_is_faster(64, 896, 4864)  # 4.4 M weights
     assert not kernels.gemm_is_faster(24, 4128, 4096) and not kernels.gemm_is_faster(24, 4096, 4160)

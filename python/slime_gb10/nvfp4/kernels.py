@@ -378,12 +378,13 @@ GEMM_MAX_M = 64  # its last M ahead of the other kernels (H100; NOTES.md)
 
 def gemm_is_faster(M: int, N: int, K: int) -> bool:
     """Whether the CUDA GEMM kernel (:mod:`~slime_gb10.nvfp4._cuda_gemm`) is the fused kernel to
-    take, where the CUDA kernels run: M = 9..64 on shapes it tiles (N % 64, K % 128), except M = 33..64
-    on layers with K > N of >= 2**24 weights, where the wide kernel's split-K leads (H100 sweeps:
-    4096 x 14336 at M = 40-64: 0.82-0.85x of BF16 against 1.01-1.02x)."""
+    take, where the CUDA kernels run: M = 9..64 on shapes it tiles (N % 64, K % 128), but on layers
+    with K > N of >= 2**24 weights only M = 17..32 (H100, 4096 x 14336: at M = 12-16 the
+    weight-streaming kernel leads, 1.43-1.48x of BF16 against 1.37-1.39x; at M = 40-64 the wide
+    kernel's split-K, 1.01-1.02x against 0.82-0.85x)."""
     if not GEMM_MIN_M < M <= GEMM_MAX_M or N % 64 or K % 128:
         return False
-    return M <= 32 or N >= K or N * K < WIDE_MIN_PARAMS
+    return 16 < M <= 32 or N >= K or N * K < WIDE_MIN_PARAMS
 
 
 def fused_is_faster(M: int, N: int, K: int, cuda_kernel: bool = False) -> bool:
