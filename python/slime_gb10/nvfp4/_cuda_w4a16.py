@@ -1,8 +1,8 @@
 """W4A16 GEMM for M <= 32 in CUDA C, compiled at run time with NVRTC (``torch.cuda._compile_kernel``).
 
-The automatic choice (``kernels.w4a16_matmul``) takes this weight-streaming kernel up to M = 8; from
-M = 9 the GEMM-shaped kernel of :mod:`~slime_gb10.nvfp4._cuda_gemm` is faster on the bench layers
-(NOTES.md, session 7). Both are reachable with ``engine=``.
+The automatic choice (``kernels.w4a16_matmul``) takes this weight-streaming kernel up to M = 8 (up to
+16 on large K > N layers); above, the GEMM-shaped kernel of :mod:`~slime_gb10.nvfp4._cuda_gemm` is
+faster on the bench layers (NOTES.md, session 7). Both are reachable with ``engine=``.
 
 Why not Triton here: the Triton kernel (``_triton_kernels.w4a16_kernel``) decodes as few instructions
 per weight as this one, but the K loop Triton generates around ``tl.dot`` stays latency bound (staged

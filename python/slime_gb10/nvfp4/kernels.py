@@ -19,11 +19,11 @@ decoder: a CUDA one compiled at run time with NVRTC (:mod:`~slime_gb10.nvfp4._cu
 taken up to M = 8: weights as the MMA's A operand, a cp.async ring, split-K reduced in a thread-block
 cluster) and a Triton one (``tl.dot``, any M; split-K fills the GPU when M is small). Two more decode
 in natural k order (a byte's two codes are one BF16x2 register): the CUDA GEMM kernel
-(:mod:`~slime_gb10.nvfp4._cuda_gemm`, taken at M = 9..64: activations by ``ldmatrix`` through a
+(:mod:`~slime_gb10.nvfp4._cuda_gemm`, taken at M = 9..64, 17..32 on large K > N layers: activations by ``ldmatrix`` through a
 cp.async pipeline, split-K in a cluster) and the "wide" Triton kernel, which keeps the weights in
 registers as the MMA's A operand (``wgmma`` on sm_90). Measured on an H100 (BENCHMARKS.md,
-NOTES.md): about 2x of BF16 cuBLAS at M <= 4, 1.3-1.6x at M = 16, 1.07-1.56x at M = 32, 0.84-1.11x
-at M = 64 and 0.6-0.83x at M = 128 on 4096-14336 wide layers (the format allows ~3.5x); above M = 128
+NOTES.md): about 2x of BF16 cuBLAS at M <= 4, 1.3-1.6x at M = 16, 1.07-1.57x at M = 32, 0.84-1.14x
+at M = 64 and 0.6-0.84x at M = 128 on 4096-14336 wide layers (the format allows ~3.5x); above M = 128
 :func:`w4a16_linear` dequantizes and calls cuBLAS instead (0.46-0.90x of BF16).
 """
 
