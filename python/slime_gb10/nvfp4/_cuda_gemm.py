@@ -31,9 +31,13 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
-import torch
-
-from slime_gb10.nvfp4._cuda_w4a16 import DEVICE_HELPERS, max_shared_bytes
+from slime_gb10.nvfp4._cuda_w4a16 import (
+    DEVICE_HELPERS,
+    compile_kernel,
+    cuda_index,
+    launch,
+    max_shared_bytes,
+)
 
 
 class GemmPlan(NamedTuple):
@@ -284,9 +288,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) CLUSTER_ATTR w4a16_g
 
 @functools.cache
 def _kernel(device_index: int, p: GemmPlan):
-    major, minor = torch.cuda.get_device_capability(device_index)
-    with torch.cuda.device(device_index):
-        return torch.cuda._compile_kernel(_source(p), "w4a16_gemm", compute_capability=f"{major}{minor}")
+    return compile_kernel(device_index, _source(p), "w4a16_gemm")
 
 
 def shared_bytes(p: GemmPlan) -> int:
@@ -325,14 +327,11 @@ def w4a16_gemm(x2, data, scale_codes, global_scale, bias, out, p: GemmPlan) -> N
         x2 = x2.contiguous()
     if data.data_ptr() % 16 or scale_codes.data_ptr() % 8:
         raise ValueError("CUDA W4A16 GEMM: the codes must be 16-byte and the scale codes 8-byte aligned")
-    kernel = _kernel(x2.device.index if x2.device.index is not None else torch.cuda.current_device(), p)
-    smem = shared_bytes(p)
-    if smem >= 48 * 1024:
-        kernel.set_shared_memory_config(smem)
-    kernel(
-        grid=(N // p.rows, p.cluster, -(-M // p.tokens)),
-        block=(p.threads, 1, 1),
-        args=[
+    launch(
+        _kernel(cuda_index(x2), p),
+        (N // p.rows, p.cluster, -(-M // p.tokens)),
+        p.threads,
+        [
             x2,
             data,
             scale_codes,
@@ -345,7 +344,7 @@ def w4a16_gemm(x2, data, scale_codes, global_scale, bias, out, p: GemmPlan) -> N
             x2.stride(0),
             int(bias is not None),
         ],
-        shared_mem=smem,
+        shared_bytes(p),
     )
 
 

@@ -459,11 +459,28 @@ def available() -> bool:
     return True
 
 
-@functools.cache
-def _kernel(device_index: int, p: Plan):
+def compile_kernel(device_index: int, source: str, name: str):
+    """NVRTC-compile ``name`` from ``source`` for the device's architecture (both NVRTC kernels)."""
     major, minor = torch.cuda.get_device_capability(device_index)
     with torch.cuda.device(device_index):
-        return torch.cuda._compile_kernel(_source(p), "w4a16_small", compute_capability=f"{major}{minor}")
+        return torch.cuda._compile_kernel(source, name, compute_capability=f"{major}{minor}")
+
+
+def launch(kernel, grid: tuple, threads: int, args: list, smem: int) -> None:
+    """Launch an NVRTC kernel on the current stream with ``smem`` bytes of dynamic shared memory,
+    opting in above 48 KB (both NVRTC kernels)."""
+    if smem >= 48 * 1024:
+        kernel.set_shared_memory_config(smem)
+    kernel(grid=grid, block=(threads, 1, 1), args=args, shared_mem=smem)
+
+
+def cuda_index(t: torch.Tensor) -> int:
+    return t.device.index if t.device.index is not None else torch.cuda.current_device()
+
+
+@functools.cache
+def _kernel(device_index: int, p: Plan):
+    return compile_kernel(device_index, _source(p), "w4a16_small")
 
 
 def stored_tokens(p: Plan, M: int) -> int:
@@ -577,14 +594,11 @@ def w4a16_small(x2, data, scale_codes, global_scale, bias, out, p: Plan) -> None
         )
     if x2.stride(0) % 8 or x2.data_ptr() % 16:  # rows are read with 16-byte loads
         x2 = x2.contiguous()
-    kernel = _kernel(x2.device.index if x2.device.index is not None else torch.cuda.current_device(), p)
-    smem = shared_bytes(p, M, K)
-    if smem >= 48 * 1024:
-        kernel.set_shared_memory_config(smem)
-    kernel(
-        grid=(N // (p.rows * p.rw), p.cluster, 1),
-        block=(128, 1, 1),
-        args=[
+    launch(
+        _kernel(cuda_index(x2), p),
+        (N // (p.rows * p.rw), p.cluster, 1),
+        128,
+        [
             x2,
             data,
             scale_codes,
@@ -600,5 +614,5 @@ def w4a16_small(x2, data, scale_codes, global_scale, bias, out, p: Plan) -> None
             stored_tokens(p, M),
             window(p, K),
         ],
-        shared_mem=smem,
+        shared_bytes(p, M, K),
     )
