@@ -66,21 +66,9 @@ class GemmPlan(NamedTuple):
         return 32 * self.wr * self.wt
 
 
-def _source(p: GemmPlan) -> str:
-    cluster_attr = f"__cluster_dims__(1, {p.cluster}, 1)" if p.cluster > 1 else ""
-    return (
-        f"#define WR {p.wr}\n#define WT {p.wt}\n#define MT {p.mt}\n#define NT {p.nt}\n#define STAGES {p.stages}\n"
-        f"#define CLUSTER {p.cluster}\n#define MINB {p.minb}\n#define CLUSTER_ATTR {cluster_attr}\n"
-        + DEVICE_HELPERS
-        + r"""
-#define THREADS (32 * WR * WT)
-#define BN (16 * MT * WR)  /* weight rows per block */
-#define BM (8 * NT * WT)   /* tokens per block */
-#define CODE_BYTES (BN * 64)
-#define X_OFFSET (CODE_BYTES + BN * 8)
-#define STAGE_BYTES (X_OFFSET + BM * 256)
-#define RED_STRIDE (BM + 1)  /* floats per row of the partials (+1: fewer bank conflicts) */
-
+#: Device code shared with :mod:`~slime_gb10.nvfp4._cuda_wgmma`: zero-filling and 8-byte cp.async,
+#: ``ldmatrix``, the byte decoder and the scale pair (after :data:`~._cuda_w4a16.DEVICE_HELPERS`).
+GEMM_HELPERS = r"""
 __device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, bool live) {  // zeros if !live
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(smem_addr(dst)), "l"(src), "r"(live ? 16 : 0)
                  : "memory");
@@ -109,6 +97,24 @@ __device__ __forceinline__ u32 decode_byte(u32 w, u32 sel, u32 scale2) {
 __device__ __forceinline__ u32 scale_pair(u32 w, int j) {
     return __byte_perm(w, 0u, 0x4040u | (j << 8) | j) * 16u + ((237u << 7) | (237u << 23));
 }
+"""
+
+
+def _source(p: GemmPlan) -> str:
+    cluster_attr = f"__cluster_dims__(1, {p.cluster}, 1)" if p.cluster > 1 else ""
+    return (
+        f"#define WR {p.wr}\n#define WT {p.wt}\n#define MT {p.mt}\n#define NT {p.nt}\n#define STAGES {p.stages}\n"
+        f"#define CLUSTER {p.cluster}\n#define MINB {p.minb}\n#define CLUSTER_ATTR {cluster_attr}\n"
+        + DEVICE_HELPERS
+        + GEMM_HELPERS
+        + r"""
+#define THREADS (32 * WR * WT)
+#define BN (16 * MT * WR)  /* weight rows per block */
+#define BM (8 * NT * WT)   /* tokens per block */
+#define CODE_BYTES (BN * 64)
+#define X_OFFSET (CODE_BYTES + BN * 8)
+#define STAGE_BYTES (X_OFFSET + BM * 256)
+#define RED_STRIDE (BM + 1)  /* floats per row of the partials (+1: fewer bank conflicts) */
 
 // One step of 128 K into a stage: codes [BN rows][64 B], scale codes [BN][8 B], activations
 // [BM tokens][16 chunks of 16 B] with chunk c of token t at position c ^ (t & 7). Thread tid copies

@@ -459,11 +459,12 @@ def available() -> bool:
     return True
 
 
-def compile_kernel(device_index: int, source: str, name: str):
-    """NVRTC-compile ``name`` from ``source`` for the device's architecture (both NVRTC kernels)."""
+def compile_kernel(device_index: int, source: str, name: str, arch: str | None = None):
+    """NVRTC-compile ``name`` from ``source`` for ``arch`` (e.g. ``"90a"`` for ``wgmma``), by default
+    the device's architecture (all NVRTC kernels)."""
     major, minor = torch.cuda.get_device_capability(device_index)
     with torch.cuda.device(device_index):
-        return torch.cuda._compile_kernel(source, name, compute_capability=f"{major}{minor}")
+        return torch.cuda._compile_kernel(source, name, compute_capability=arch or f"{major}{minor}")
 
 
 def launch(kernel, grid: tuple, threads: int, args: list, smem: int) -> None:
