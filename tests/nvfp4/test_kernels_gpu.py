@@ -297,14 +297,15 @@ def test_nvfp4_linear_w4a16_matches_reference_backend(kernels):
 
 def test_nvfp4_linear_w4a16_takes_a_fused_kernel_for_rollout_batches(kernels):
     """A 4096 x 4096 layer (16.8 M parameters) at M = 48 and 128 (a GRPO rollout batch): the module
-    takes a fused kernel by itself (``fused_is_faster``: the CUDA GEMM kernel at 48, the wide one at
-    128) and matches the reference backend."""
+    takes a fused kernel by itself (``fused_is_faster``: on Hopper the wgmma kernel at both; elsewhere
+    the CUDA GEMM kernel at 48, the wide one at 128) and matches the reference backend."""
     torch.manual_seed(1)
     linear = nn.Linear(4096, 4096, dtype=torch.bfloat16, device="cuda")
     fast = NVFP4Linear.from_linear(linear, backend="w4a16")
     slow = NVFP4Linear.from_linear(linear, backend="reference")
+    hopper = kernels._wgmma_engine_ok(torch.device("cuda"))
     for m in (48, 128):
-        assert kernels.fused_is_faster(m, 4096, 4096, cuda_kernel=True)
+        assert kernels.fused_is_faster(m, 4096, 4096, cuda_kernel=True, wgmma=hopper)
         x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
         torch.testing.assert_close(fast(x).float(), slow(x).float(), rtol=2e-2, atol=2e-2)
 
@@ -473,10 +474,11 @@ def test_cuda_gemm_matches_reference_with_poisoned_output(kernels, M, N, K, bias
 
 
 def test_w4a16_matmul_takes_the_gemm_kernel_from_9_to_64_tokens(kernels, monkeypatch):
-    """The automatic choice (``gemm_is_faster``): the GEMM kernel at M = 9, 24 and 64 on a 4096 x 4096
-    weight and at M = 24 on a K > N layer of 2**24 weights, not at M = 8 (the weight-streaming CUDA
-    kernel) nor at M = 12 and 40 on that K > N layer (the weight-streaming and the wide kernel); the
-    results match float64 either way."""
+    """The automatic choice (``gemm_is_faster``): the GEMM kernel at M = 9, 24 and 64 (on Hopper the
+    wgmma kernel takes 64) on a 4096 x 4096 weight and at M = 24 on a K > N layer of 2**24 weights,
+    not at M = 8 (the weight-streaming CUDA kernel) nor at M = 12 and 40 on that K > N layer (the
+    weight-streaming kernel; the wide or, on Hopper, the wgmma kernel); the results match float64
+    either way."""
     gemm = _cuda_gemm_engine()
     launches = []
     real = gemm.w4a16_gemm
@@ -486,11 +488,12 @@ def test_w4a16_matmul_takes_the_gemm_kernel_from_9_to_64_tokens(kernels, monkeyp
         return real(*args)
 
     monkeypatch.setattr(gemm, "w4a16_gemm", spy)
+    hopper = kernels._wgmma_engine_ok(torch.device("cuda"))  # M = 33..64 goes to the wgmma kernel there
     for M, N, K, gemm_expected in [
         (8, 4096, 4096, False),
         (9, 4096, 4096, True),
         (24, 4096, 4096, True),
-        (64, 4096, 4096, True),
+        (64, 4096, 4096, not hopper),
         (24, 2048, 8192, True),
         (12, 2048, 8192, False),
         (40, 2048, 8192, False),
@@ -515,3 +518,110 @@ def test_cuda_gemm_refuses_shapes_it_cannot_tile(kernels):
     )  # automatic: not the CUDA kernel either (2 K steps for 4 K-warps): Triton
     expected = x.double() @ dequantize_reference(q, torch.float64).T
     assert float((out.double() - expected).norm() / expected.norm()) < 1e-2
+
+
+def _wgmma_engine(kernels):
+    from slime_gb10.nvfp4 import _cuda_wgmma
+
+    if not kernels._wgmma_engine_ok(torch.device("cuda")):
+        pytest.skip("the wgmma W4A16 kernel needs an sm_90 GPU (Hopper) and NVRTC")
+    return _cuda_wgmma
+
+
+@pytest.mark.parametrize(
+    ("M", "N", "K", "bias"),
+    [
+        (5, 256, 1024, True),
+        (37, 896, 4864, False),
+        (130, 4096, 4096, True),
+        (200, 512, 1152, True),
+        (300, 384, 640, True),
+        (1000, 1024, 2048, False),
+    ],
+)
+def test_wgmma_matches_reference_with_poisoned_output(kernels, M, N, K, bias):
+    """The wgmma kernel's tilings against float64: the plan's choice and others with 1 or 2
+    warpgroups, 16-256 tokens per block (the MMA's N), 3-5 stages, clusters of 1-8 blocks (K = 1152
+    and 640 are 9 and 5 steps of 128: uneven K splits) and 2 or 4 A register sets; M not a multiple
+    of the token tile (the zero-filled tokens must not be written). Outputs start as NaN, so a missed
+    element fails; a second call gives the same bits (the cluster reduction has a fixed order)."""
+    wgmma = _wgmma_engine(kernels)
+    g = torch.Generator(device="cuda").manual_seed(M * 7 + N + K)
+    w = torch.randn(N, K, device="cuda", generator=g) * 0.05
+    x = torch.randn(M, K, device="cuda", generator=g).to(torch.bfloat16)
+    b = torch.randn(N, device="cuda", generator=g).to(torch.bfloat16) if bias else None
+    q = quantize_reference(w)
+    expected = x.double() @ dequantize_reference(q, torch.float64).T + (b.double() if bias else 0)
+    p = kernels.prepare_w4a16(q)
+    limit = wgmma.max_shared_bytes(torch.cuda.current_device())
+    candidates = [wgmma.plan(M, N, K, 132, limit)] + [
+        wgmma.WgmmaPlan(*t)
+        for t in [
+            (1, 64, 3, 1, 2),
+            (1, 128, 4, 2, 4),
+            (2, 128, 5, 4, 4),
+            (2, 256, 3, 1, 4),
+            (2, 192, 3, 2, 2),
+            (1, 16, 3, 8, 4),
+            (2, 64, 4, 1, 2),
+        ]
+    ]
+    tried = 0
+    for tiling in candidates:
+        if not wgmma.valid(tiling, M, N, K, limit):
+            continue
+        out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+        wgmma.w4a16_wgmma(x, p.data, p.scale_codes, p.global_scale, b, out, tiling)
+        assert torch.isfinite(out).all(), f"an output element was not written ({tiling})"
+        err = float((out.double() - expected).norm() / expected.norm())
+        assert err < 1e-2, (tiling, err)
+        again = torch.full_like(out, float("nan"))
+        wgmma.w4a16_wgmma(x, p.data, p.scale_codes, p.global_scale, b, again, tiling)
+        assert torch.equal(again, out), tiling
+        tried += 1
+    assert tried >= 5
+    got = kernels.w4a16_matmul(x, p, b, engine="wgmma")
+    assert float((got.double() - expected).norm() / expected.norm()) < 1e-2
+
+
+def test_w4a16_linear_takes_the_wgmma_kernel_from_33_to_512_tokens(kernels, monkeypatch):
+    """On Hopper the automatic choice (``wgmma_is_faster``) takes the wgmma kernel at M = 33..512 on
+    a weight of 2**24 parameters and up to 192 on a smaller one, through ``w4a16_linear`` (so the
+    dequantize + cuBLAS fallback is not taken there either); not at M = 32 or 513, nor at 256 on the
+    small weight. The results match float64 either way."""
+    wgmma = _wgmma_engine(kernels)
+    launches = []
+    real = wgmma.w4a16_wgmma
+
+    def spy(*args):
+        launches.append(args[0].shape[0])
+        return real(*args)
+
+    monkeypatch.setattr(wgmma, "w4a16_wgmma", spy)
+    weights = {}
+    for M, N, K, expected_wgmma in [
+        (32, 4096, 4096, False),
+        (33, 4096, 4096, True),
+        (256, 4096, 4096, True),
+        (512, 4096, 4096, True),
+        (513, 4096, 4096, False),
+        (192, 896, 4864, True),
+        (256, 896, 4864, False),
+    ]:
+        if (N, K) not in weights:
+            weights[N, K] = quantize_reference(torch.randn(N, K, device="cuda") * 0.05)
+        q = weights[N, K]
+        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        launches.clear()
+        out = kernels.w4a16_linear(x, q, prepared=kernels.prepare_w4a16(q))
+        assert launches == ([M] if expected_wgmma else []), (M, N, K)
+        expected = x.double() @ dequantize_reference(q, torch.float64).T
+        assert float((out.double() - expected).norm() / expected.norm()) < 1e-2
+
+
+def test_wgmma_refuses_shapes_it_cannot_tile(kernels):
+    _wgmma_engine(kernels)
+    q = quantize_reference(torch.randn(224, 256, device="cuda"))
+    x = torch.randn(48, 256, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="N % 64"):
+        kernels.w4a16_matmul(x, q, engine="wgmma")

@@ -307,3 +307,109 @@ def test_cuda_gemm_byte_decoder_constants():
         pair = (code | code << 16) * shift_mul + (bias | bias << 16)  # the byte in both halves
         expected = s * 2.0**119 if s > 0 else -0.0  # a zero scale decodes as -0.0 (ZERO_SCALE_CODE)
         assert bf16(pair & 0xFFFF) == expected and bf16(pair >> 16) == expected, (s, code)
+
+
+def test_wgmma_plan():
+    """The wgmma kernel's tiling rule, hand-derived for 132 SMs: the first block shape of (2 warpgroups,
+    256 tokens), (2, 128), (1, 128), (1, 64) with at most M rounded up to 64 tokens whose blocks x a
+    cluster of <= 2 (then <= 4) reach 99 (3/4 of 132) within one wave; else (1, 64) with the largest
+    cluster; as many stages as fit up to 5 (a stage: 256 B per token + 72 B per row, 1024-aligned)."""
+    from slime_gb10.nvfp4 import _cuda_wgmma as wg
+
+    def tiling(wgs, bm, stages, cluster):
+        return wg.WgmmaPlan(wgs, bm, stages, cluster, depth=4)
+
+    # M = 64: only (1, 64); 4096 rows = 64 blocks x 2 = 128 >= 99
+    assert wg.plan(64, 4096, 4096, 132) == tiling(1, 64, 5, 2)
+    # M = 128 on 14336 rows: (2, 128) = 112 blocks, no cluster fits (224 > 132)
+    assert wg.plan(128, 14336, 4096, 132) == tiling(2, 128, 5, 1)
+    # M = 256 on 4096 rows: (2, 256) = 32 blocks x 2 = 64 < 99; (2, 128) = 64 x 2 = 128
+    assert wg.plan(256, 4096, 4096, 132) == tiling(2, 128, 5, 2)
+    # M = 1024: (2, 256) = 32 x 4 = 128 blocks; its stage is 74752 B: 3 fit in 227 KB, 4 do not
+    assert wg.plan(1024, 4096, 4096, 132) == tiling(2, 256, 3, 1)
+    # 896 rows at M = 128: nothing reaches 99 with clusters of 2; with 4, (1, 64) = 28 x 4 = 112
+    assert wg.plan(128, 896, 4864, 132) == tiling(1, 64, 5, 4)
+    # at M = 64: 14 blocks x 4 = 56 never reach 99: the smallest shape with the largest cluster
+    assert wg.plan(64, 896, 4864, 132) == tiling(1, 64, 5, 4)
+    # 4160 rows (65 x 64, not a multiple of 128): one warpgroup; M = 1024 -> (1, 128) = 520 blocks
+    assert wg.plan(1024, 4160, 4096, 132) == tiling(1, 128, 5, 1)
+    # a 100 KB limit: (1, 64) stages of 21504 B -> 4 (87040 B with the alignment slack)
+    assert wg.plan(64, 4096, 4096, 132, smem_limit=100 * 1024) == tiling(1, 64, 4, 2)
+    assert wg.plan(64, 4096 + 32, 4096, 132) is None  # N not a multiple of 64
+    assert wg.plan(64, 4096, 4096 + 64, 132) is None  # K not a multiple of 128
+    assert wg.plan(0, 4096, 4096, 132) is None
+
+
+def test_wgmma_shared_memory_and_validity():
+    from slime_gb10.nvfp4 import _cuda_wgmma as wg
+
+    # a stage: 256 B per token (two 128-byte swizzled K halves), 64 B of codes and 8 of scale codes per
+    # row, rounded up to 1024 B; plus 1024 B of slack to align the first stage
+    assert wg.shared_bytes(wg.WgmmaPlan(2, 256, 3)) == 3 * 74752 + 1024
+    assert wg.shared_bytes(wg.WgmmaPlan(1, 64, 5)) == 5 * 21504 + 1024  # 20992 -> 21504
+    assert wg.shared_bytes(wg.WgmmaPlan(1, 16, 3)) == 3 * 9216 + 1024  # 4096 + 4608 -> 9216
+    assert wg.valid(wg.WgmmaPlan(2, 256, 3), 1, 128, 128)
+    assert not wg.valid(wg.WgmmaPlan(2, 256, 4), 1, 128, 128)  # 4 stages: 300 KB
+    assert not wg.valid(wg.WgmmaPlan(2, 64), 1, 4096 + 64, 4096)  # 128-row blocks
+    assert not wg.valid(wg.WgmmaPlan(1, 72), 1, 4096, 4096)  # tokens in multiples of 16
+    assert not wg.valid(wg.WgmmaPlan(1, 272), 1, 4096, 4096)  # the MMA's N is at most 256
+    assert not wg.valid(wg.WgmmaPlan(1, 64, stages=2), 1, 4096, 4096)  # refill needs >= 3 stages
+    assert not wg.valid(wg.WgmmaPlan(1, 64, cluster=8), 1, 4096, 128 * 7)  # 7 steps for 8 blocks
+    assert wg.valid(wg.WgmmaPlan(1, 64, cluster=8), 1, 4096, 1024)
+
+
+def test_wgmma_activation_layout_is_the_128_byte_swizzle():
+    """The activation tile the kernel's copies write is the layout its ``wgmma`` descriptor declares:
+    K-major, 128-byte swizzle (the 16-byte chunk index XOR-ed with the row index mod 8, i.e. address
+    bits 4-6 ^= bits 7-9), 1024 bytes per 8 tokens. The copy's destination expression is read from the
+    CUDA source and evaluated for every thread and copy of a stage, against the swizzle applied to
+    the natural address of the element it copies; and the descriptor's constants are read too."""
+    import re
+
+    from slime_gb10.nvfp4 import _cuda_wgmma as wg
+
+    for wgs, bm in ((1, 64), (2, 256), (1, 16), (2, 192)):
+        source = wg._source(wg.WgmmaPlan(wgs, bm))
+        threads = 128 * wgs
+        dst = re.search(r"L\.x_dst = (.+);", source).group(1)
+        step = re.search(r"stage \+ L\.x_dst \+ (.+?) \* j,", source).group(1)
+        seen = set()
+        for tid in range(threads):
+            for j in range(bm * 16 // threads):
+                env = {"tid": tid, "BM": bm, "THREADS": threads}
+                got = eval(dst.replace("/", "//"), {}, env) + eval(step.replace("/", "//"), {}, env) * j
+                token, chunk = tid // 16 + j * threads // 16, tid % 16  # chunk of 8 K in the step's 128
+                natural = (chunk // 8) * bm * 128 + token * 128 + (chunk % 8) * 16
+                assert got == natural ^ (((natural >> 7) & 7) << 4), (wgs, bm, tid, j)
+                seen.add(got)
+        assert len(seen) == bm * 16  # every 16-byte chunk of the tile exactly once
+    desc = re.search(r"return \(unsigned long long\)\(\(addr & 0x3FFFF\) >> 4\) \| (.+);", source).group(1)
+    assert desc == "(1ull << 16) | (64ull << 32) | (1ull << 62)"  # LBO 1 (unused), SBO 1024 B, 128-B swizzle
+
+
+def test_wgmma_instruction_text():
+    """The generated ``wgmma`` takes ``bm / 2`` FP32 accumulators, four A registers and the B
+    descriptor, with scale-d true, no negation and B not transposed (K-major)."""
+    from slime_gb10.nvfp4 import _cuda_wgmma as wg
+
+    for bm in (16, 64, 256):
+        text = wg._wgmma_asm(bm)
+        assert f"wgmma.mma_async.sync.aligned.m64n{bm}k16.f32.bf16.bf16" in text
+        n = bm // 2
+        assert "{" + ",".join(f"%{r}" for r in range(n)) + "}" in text
+        assert f"{{%{n},%{n + 1},%{n + 2},%{n + 3}}}, %{n + 4}, p, 1, 1, 0;" in text
+        assert text.count('"+f"') == n
+
+
+def test_wgmma_choice():
+    """The wgmma kernel at M = 33..512 on shapes it tiles, up to 192 on weights of < 2**24 parameters;
+    and ``fused_is_faster`` takes it only where it runs (sm_90)."""
+    assert not kernels.wgmma_is_faster(32, 4096, 4096) and kernels.wgmma_is_faster(33, 4096, 4096)
+    assert kernels.wgmma_is_faster(512, 4096, 14336) and not kernels.wgmma_is_faster(513, 4096, 14336)
+    assert kernels.wgmma_is_faster(192, 896, 4864) and not kernels.wgmma_is_faster(193, 896, 4864)
+    assert not kernels.wgmma_is_faster(64, 4096 + 32, 4096) and not kernels.wgmma_is_faster(
+        64, 4096, 4096 + 64
+    )
+    assert kernels.fused_is_faster(512, 4096, 4096, cuda_kernel=True, wgmma=True)
+    assert not kernels.fused_is_faster(512, 4096, 4096, cuda_kernel=True)  # not on GB10 / Blackwell
+    assert not kernels.fused_is_faster(513, 4096, 4096, cuda_kernel=True, wgmma=True)

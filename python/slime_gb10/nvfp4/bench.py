@@ -187,7 +187,7 @@ def graph_time(calls, reps: int, replays: int = 7) -> float:
 
 def _call(cfg: dict, asm: bool | None) -> dict:
     """w4a16_matmul keyword arguments for one bench candidate."""
-    if cfg.get("engine") in ("cuda", "gemm"):
+    if cfg.get("engine") in ("cuda", "gemm", "wgmma"):
         return {"engine": cfg["engine"]}
     if cfg.get("engine") == "wide":
         return {"config": cfg, "engine": "wide"}
@@ -259,6 +259,8 @@ def bench_w4a16(
                 candidates.append(({"engine": "cuda", "BK": 128}, None))
             if m <= 2 * kernels.GEMM_MAX_M:  # the CUDA GEMM kernel, also a little past its crossover
                 candidates.append(({"engine": "gemm", "BK": 128}, None))
+            if m > kernels.WGMMA_MIN_M and kernels._wgmma_engine_ok(xs[0].device):  # sm_90: the wgmma kernel
+                candidates.append(({"engine": "wgmma", "BK": 128}, None))
             if m > kernels.FUSED_MAX_M:  # the wide kernel: its default, then a few other tiles
                 for extra in ({},) + (WIDE_CONFIGS if tune else ()):
                     cfg = kernels.wide_config(m, n, k, sms, **extra)

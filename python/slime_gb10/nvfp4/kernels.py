@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from slime_gb10.nvfp4 import _cuda_gemm, _cuda_w4a16
+from slime_gb10.nvfp4 import _cuda_gemm, _cuda_w4a16, _cuda_wgmma
 from slime_gb10.nvfp4.format import (
     BLOCK_SIZE,
     NVFP4Tensor,
@@ -246,6 +246,27 @@ def _cuda_engine_ok(device: torch.device) -> bool:
     return _cuda_engine_available(device.index if device.index is not None else torch.cuda.current_device())
 
 
+@functools.cache
+def _wgmma_engine_available(device_index: int) -> bool:
+    if _capability(device_index) != (9, 0):  # wgmma is sm_90a only
+        return False
+    try:
+        _cuda_wgmma._kernel(device_index, _cuda_wgmma.WgmmaPlan(1, 64, stages=3, depth=4))  # NVRTC compiles
+    except Exception as exc:  # an NVRTC without sm_90a: the other kernels instead
+        import warnings
+
+        warnings.warn(f"the wgmma W4A16 kernel is unavailable ({exc})", stacklevel=3)
+        return False
+    return True
+
+
+def _wgmma_engine_ok(device: torch.device) -> bool:
+    """The wgmma kernel runs here: an sm_90 device where the CUDA kernels run."""
+    if not _cuda_engine_ok(device):
+        return False
+    return _wgmma_engine_available(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 8
@@ -387,13 +408,33 @@ def gemm_is_faster(M: int, N: int, K: int) -> bool:
     return 16 < M <= 32 or N >= K or N * K < WIDE_MIN_PARAMS
 
 
-def fused_is_faster(M: int, N: int, K: int, cuda_kernel: bool = False) -> bool:
+WGMMA_MIN_M = 32  # the wgmma kernel from M = 33 (below, the CUDA GEMM and weight-streaming kernels lead)
+WGMMA_MAX_M = 512  # its last M ahead of dequantize + cuBLAS on weights of >= 2**24 parameters (H100) ...
+WGMMA_SMALL_MAX_M = 192  # ... and on smaller ones (896 x 4864 at M = 256: 0.67x of BF16 against 0.69x)
+
+
+def wgmma_is_faster(M: int, N: int, K: int) -> bool:
+    """Whether the wgmma kernel (:mod:`~slime_gb10.nvfp4._cuda_wgmma`, sm_90 only) is the kernel to
+    take where it runs: M = 33..512 on shapes it tiles (N % 64, K % 128), M = 33..192 on weights of
+    fewer than 2**24 parameters. Measured on the H100 against the other kernels and dequantize +
+    cuBLAS (NOTES.md v14): ahead or level at M = 48..512 on 4096 x 4096, 14336 x 4096 and
+    4096 x 14336; behind dequantize + cuBLAS from M = 768 on two of them."""
+    if N % 64 or K % 128:
+        return False
+    last_m = WGMMA_MAX_M if N * K >= WIDE_MIN_PARAMS else WGMMA_SMALL_MAX_M
+    return WGMMA_MIN_M < M <= last_m
+
+
+def fused_is_faster(M: int, N: int, K: int, cuda_kernel: bool = False, wgmma: bool = False) -> bool:
     """Whether :func:`w4a16_linear` takes a fused kernel: measured crossovers on the H100 (any
     weight up to M=16; where the CUDA kernels run (``cuda_kernel``), up to M=32 on shapes one of them
     tiles and up to M=64 where the GEMM kernel tiles the shape; the wide kernel on weights of >= 16 M
     parameters it tiles up to M=128; the Triton kernel on other weights of >= 32 M parameters up to
-    M=64; dequantize + cuBLAS above)."""
+    M=64; where the wgmma kernel runs (``wgmma``: sm_90), where :func:`wgmma_is_faster`; dequantize
+    + cuBLAS above)."""
     if M <= FUSED_MAX_M:
+        return True
+    if wgmma and wgmma_is_faster(M, N, K):
         return True
     if cuda_kernel and M <= _cuda_w4a16.MAX_M and N % 32 == 0 and K % 128 == 0:
         return True
@@ -447,9 +488,11 @@ def w4a16_matmul(
     contiguous BF16 ``[M, N]`` output buffer. ``engine``: ``"cuda"`` (the NVRTC kernel of
     :mod:`~slime_gb10.nvfp4._cuda_w4a16`: M <= 32, N % 32 == 0, K % 128 == 0, sm_90+), ``"gemm"``
     (the NVRTC GEMM kernel of :mod:`~slime_gb10.nvfp4._cuda_gemm`: any M, N % 64 == 0,
-    K % 128 == 0, sm_90+), ``"triton"``, ``"wide"`` (the Triton kernel with the weights as the MMA's
-    first operand, for M above 16: N % 64 == 0, K % 128 == 0; ``config`` then overrides
-    :func:`wide_config`), or None: the GEMM kernel where :func:`gemm_is_faster`, else the wide
+    K % 128 == 0, sm_90+), ``"wgmma"`` (the NVRTC kernel of :mod:`~slime_gb10.nvfp4._cuda_wgmma` on
+    Hopper's warpgroup MMA: any M, N % 64 == 0, K % 128 == 0, sm_90 only), ``"triton"``, ``"wide"``
+    (the Triton kernel with the weights as the MMA's first operand, for M above 16: N % 64 == 0,
+    K % 128 == 0; ``config`` then overrides :func:`wide_config`), or None: the wgmma kernel where
+    :func:`wgmma_is_faster` on sm_90, else the GEMM kernel where :func:`gemm_is_faster`, else the wide
     kernel where :func:`wide_is_faster`, else CUDA where it applies, else Triton, unless ``config``
     or ``use_asm`` is given (then Triton, or what ``config["engine"]`` names).
     ``SLIME_GB10_W4A16_ENGINE=triton`` turns the CUDA kernels off. One kernel launch
@@ -482,12 +525,30 @@ def w4a16_matmul(
     if engine is None:
         cuda_fits = use_asm is None and _cuda_w4a16.plan(M, N, K, _sm_count(x.device)) is not None
         gemm_fits = gemm_is_faster(M, N, K) and _cuda_gemm.plan(M, N, K, _sm_count(x.device)) is not None
-        if use_asm is None and gemm_fits and _cuda_engine_ok(x.device):
+        if use_asm is None and wgmma_is_faster(M, N, K) and _wgmma_engine_ok(x.device):
+            engine = "wgmma"
+        elif use_asm is None and gemm_fits and _cuda_engine_ok(x.device):
             engine = "gemm"
         elif use_asm is None and wide_is_faster(M, N, K):
             engine = "wide"
         else:
             engine = "cuda" if cuda_fits and _cuda_engine_ok(x.device) else "triton"
+    if engine == "wgmma":
+        if not _cuda_wgmma.supported(x.device):
+            raise ValueError(
+                "the wgmma W4A16 kernel runs on sm_90 (Hopper) only: use engine='gemm' or 'triton'"
+            )
+        tiling = _cuda_wgmma.plan(
+            M, N, K, _sm_count(x.device), _cuda_wgmma.max_shared_bytes(_cuda_wgmma.cuda_index(x))
+        )
+        if tiling is None:
+            raise ValueError(
+                f"the wgmma W4A16 kernel takes N % 64 == 0 and K % 128 == 0; got N={N}, K={K}: use engine='triton'"
+            )
+        _cuda_wgmma.w4a16_wgmma(
+            x2, w.data, w.scale_codes, w.global_scale, bias.contiguous() if has_bias else None, out, tiling
+        )
+        return out.reshape(*lead, N)
     if engine == "gemm":
         tiling = _cuda_gemm.plan(M, N, K, _sm_count(x.device))
         if tiling is None:
@@ -621,7 +682,10 @@ def w4a16_linear(
     M = x.numel() // max(x.shape[-1], 1)
     N, K = w.shape
     if fused_max_m is None:
-        fused = fused_is_faster(M, N, K, cuda_kernel=x.dtype == torch.bfloat16 and _cuda_engine_ok(x.device))
+        bf16 = x.dtype == torch.bfloat16
+        fused = fused_is_faster(
+            M, N, K, cuda_kernel=bf16 and _cuda_engine_ok(x.device), wgmma=bf16 and _wgmma_engine_ok(x.device)
+        )
     else:
         fused = fused_max_m >= M
     if x.dtype == torch.bfloat16 and fused and w.data.is_contiguous() and w.scale.is_contiguous():
