@@ -584,10 +584,10 @@ def test_wgmma_matches_reference_with_poisoned_output(kernels, M, N, K, bias):
     assert float((got.double() - expected).norm() / expected.norm()) < 1e-2
 
 
-def test_w4a16_linear_takes_the_wgmma_kernel_from_33_to_512_tokens(kernels, monkeypatch):
-    """On Hopper the automatic choice (``wgmma_is_faster``) takes the wgmma kernel at M = 33..512 on
+def test_w4a16_linear_takes_the_wgmma_kernel_from_33_to_1024_tokens(kernels, monkeypatch):
+    """On Hopper the automatic choice (``wgmma_is_faster``) takes the wgmma kernel at M = 33..1024 on
     a weight of 2**24 parameters and up to 192 on a smaller one, through ``w4a16_linear`` (so the
-    dequantize + cuBLAS fallback is not taken there either); not at M = 32 or 513, nor at 256 on the
+    dequantize + cuBLAS fallback is not taken there either); not at M = 32 or 1025, nor at 256 on the
     small weight. The results match float64 either way."""
     wgmma = _wgmma_engine(kernels)
     launches = []
@@ -603,8 +603,9 @@ def test_w4a16_linear_takes_the_wgmma_kernel_from_33_to_512_tokens(kernels, monk
         (32, 4096, 4096, False),
         (33, 4096, 4096, True),
         (256, 4096, 4096, True),
-        (512, 4096, 4096, True),
-        (513, 4096, 4096, False),
+        (384, 4096, 4096, True),
+        (1024, 4096, 4096, True),
+        (1025, 4096, 4096, False),
         (192, 896, 4864, True),
         (256, 896, 4864, False),
     ]:

@@ -311,9 +311,10 @@ def test_cuda_gemm_byte_decoder_constants():
 
 def test_wgmma_plan():
     """The wgmma kernel's tiling rule, hand-derived for 132 SMs: the first block shape of (2 warpgroups,
-    256 tokens), (2, 128), (1, 128), (1, 64) with at most M rounded up to 64 tokens whose blocks x a
-    cluster of <= 2 (then <= 4) reach 99 (3/4 of 132) within one wave; else (1, 64) with the largest
-    cluster; as many stages as fit up to 5 (a stage: 256 B per token + 72 B per row, 1024-aligned)."""
+    256 tokens), (2, 192), (2, 128), (1, 128), (1, 64) with at most M rounded up to 64 tokens (blocks
+    of more than 128 tokens only where >= 80% of their tokens are real) whose blocks x a cluster of
+    <= 2 (then <= 4) reach 99 (3/4 of 132) within one wave; else (1, 64) with the largest cluster; as
+    many stages as fit up to 5 (a stage: 256 B per token + 72 B per row, 1024-aligned)."""
     from slime_gb10.nvfp4 import _cuda_wgmma as wg
 
     def tiling(wgs, bm, stages, cluster):
@@ -323,8 +324,16 @@ def test_wgmma_plan():
     assert wg.plan(64, 4096, 4096, 132) == tiling(1, 64, 5, 2)
     # M = 128 on 14336 rows: (2, 128) = 112 blocks, no cluster fits (224 > 132)
     assert wg.plan(128, 14336, 4096, 132) == tiling(2, 128, 5, 1)
-    # M = 256 on 4096 rows: (2, 256) = 32 blocks x 2 = 64 < 99; (2, 128) = 64 x 2 = 128
+    # M = 256 on 4096 rows: (2, 256) = 32 blocks x 2 = 64 < 99; (2, 192) would use 256 of 384 tokens;
+    # (2, 128) = 64 x 2 = 128
     assert wg.plan(256, 4096, 4096, 132) == tiling(2, 128, 5, 2)
+    # M = 192 on 14336 rows: (2, 192) = 112 blocks; its stage is 58368 B: 3 fit
+    assert wg.plan(192, 14336, 4096, 132) == tiling(2, 192, 3, 1)
+    # M = 384: (2, 256) would use 384 of 512 tokens (75%); (2, 192) = 32 x 2 blocks x 2 = 128
+    assert wg.plan(384, 4096, 4096, 132) == tiling(2, 192, 3, 2)
+    # M = 768: (2, 256) = 96 blocks (a cluster of 2 would be 192 > 132); (2, 192) = 128 blocks
+    assert wg.plan(768, 4096, 4096, 132) == tiling(2, 192, 3, 1)
+    assert wg.plan(768, 14336, 4096, 132) == tiling(2, 256, 3, 1)  # 336 blocks
     # M = 1024: (2, 256) = 32 x 4 = 128 blocks; its stage is 74752 B: 3 fit in 227 KB, 4 do not
     assert wg.plan(1024, 4096, 4096, 132) == tiling(2, 256, 3, 1)
     # 896 rows at M = 128: nothing reaches 99 with clusters of 2; with 4, (1, 64) = 28 x 4 = 112
@@ -402,14 +411,14 @@ def test_wgmma_instruction_text():
 
 
 def test_wgmma_choice():
-    """The wgmma kernel at M = 33..512 on shapes it tiles, up to 192 on weights of < 2**24 parameters;
-    and ``fused_is_faster`` takes it only where it runs (sm_90)."""
+    """The wgmma kernel at M = 33..1024 on shapes it tiles, up to 192 on weights of < 2**24
+    parameters; and ``fused_is_faster`` takes it only where it runs (sm_90)."""
     assert not kernels.wgmma_is_faster(32, 4096, 4096) and kernels.wgmma_is_faster(33, 4096, 4096)
-    assert kernels.wgmma_is_faster(512, 4096, 14336) and not kernels.wgmma_is_faster(513, 4096, 14336)
+    assert kernels.wgmma_is_faster(1024, 4096, 14336) and not kernels.wgmma_is_faster(1025, 4096, 14336)
     assert kernels.wgmma_is_faster(192, 896, 4864) and not kernels.wgmma_is_faster(193, 896, 4864)
     assert not kernels.wgmma_is_faster(64, 4096 + 32, 4096) and not kernels.wgmma_is_faster(
         64, 4096, 4096 + 64
     )
-    assert kernels.fused_is_faster(512, 4096, 4096, cuda_kernel=True, wgmma=True)
-    assert not kernels.fused_is_faster(512, 4096, 4096, cuda_kernel=True)  # not on GB10 / Blackwell
-    assert not kernels.fused_is_faster(513, 4096, 4096, cuda_kernel=True, wgmma=True)
+    assert kernels.fused_is_faster(1024, 4096, 4096, cuda_kernel=True, wgmma=True)
+    assert not kernels.fused_is_faster(1024, 4096, 4096, cuda_kernel=True)  # not on GB10 / Blackwell
+    assert not kernels.fused_is_faster(1025, 4096, 4096, cuda_kernel=True, wgmma=True)

@@ -384,24 +384,33 @@ def w4a16_wgmma(x2, data, scale_codes, global_scale, bias, out, p: WgmmaPlan) ->
 
 #: Block shapes (warpgroups, tokens) from the most work per block to the least: the largest that
 #: fills the SMs is taken (fewer activation re-reads and decodes per FLOP).
-TILES = ((2, 256), (2, 128), (1, 128), (1, 64))
+TILES = ((2, 256), (2, 192), (2, 128), (1, 128), (1, 64))
 MAX_STAGES = 5  # more stages did not pay in the sweep (NOTES.md)
+MIN_TOKEN_USE = 0.8  # blocks of more than 128 tokens must use this share of their tokens
 
 
 def plan(M: int, N: int, K: int, sm_count: int, smem_limit: int = HOPPER_SMEM) -> WgmmaPlan | None:
     """The tiling for ``[M, K] x [N, K]^T``, or None where the kernel does not tile it (N % 64,
     K % 128, M <= 0).
 
-    Fitted to a sweep of 51 tilings on the H100 (NOTES.md): the first block shape of
-    :data:`TILES` with at most ``M`` rounded up to 64 tokens whose blocks, split over a cluster of
-    up to 2 (then, on a second pass, 4) blocks, fill three quarters of the SMs within one wave;
-    where none does, the smallest shape with the largest cluster that fits one wave. As many stages
-    as fit (up to :data:`MAX_STAGES`), four A register sets. It picked the best tiling or one within
-    4% on 15 of the 16 (layer, M) points of the sweep.
+    Fitted to sweeps on the H100 (NOTES.md v14): the first block shape of :data:`TILES` with at most
+    ``M`` rounded up to 64 tokens (and, above 128 tokens, at least :data:`MIN_TOKEN_USE` of them
+    real: M = 384 takes 2 x 192, not 2 x 256) whose blocks, split over a cluster of up to 2 (then, on
+    a second pass, 4) blocks, fill three quarters of the SMs within one wave; where none does, the
+    smallest shape with the largest cluster that fits one wave. As many stages as fit (up to
+    :data:`MAX_STAGES`), four A register sets.
     """
     if M <= 0 or N % 64 or K % 128:
         return None
-    tiles = [(wg, bm) for wg, bm in TILES if N % (64 * wg) == 0 and bm <= -(-M // 64) * 64]
+
+    def token_use(bm: int) -> float:
+        return M / (-(-M // bm) * bm)
+
+    tiles = [
+        (wg, bm)
+        for wg, bm in TILES
+        if N % (64 * wg) == 0 and bm <= -(-M // 64) * 64 and (bm <= 128 or token_use(bm) >= MIN_TOKEN_USE)
+    ]
 
     def blocks(wg: int, bm: int) -> int:
         return N // (64 * wg) * -(-M // bm)
