@@ -586,9 +586,10 @@ def test_wgmma_matches_reference_with_poisoned_output(kernels, M, N, K, bias):
 
 def test_w4a16_linear_takes_the_wgmma_kernel_from_33_to_1024_tokens(kernels, monkeypatch):
     """On Hopper the automatic choice (``wgmma_is_faster``) takes the wgmma kernel at M = 33..1024 on
-    a weight of 2**24 parameters and up to 192 on a smaller one, through ``w4a16_linear`` (so the
-    dequantize + cuBLAS fallback is not taken there either); not at M = 32 or 1025, nor at 256 on the
-    small weight. The results match float64 either way."""
+    a square weight of 2**24 parameters, up to 512 on one with N > K and up to 192 on a smaller one,
+    through ``w4a16_linear`` (so the dequantize + cuBLAS fallback is not taken there either); not
+    at M = 32 or 1025, nor at 513 with N > K, nor at 256 on the small weight. The results match
+    float64 either way."""
     wgmma = _wgmma_engine(kernels)
     launches = []
     real = wgmma.w4a16_wgmma
@@ -606,6 +607,8 @@ def test_w4a16_linear_takes_the_wgmma_kernel_from_33_to_1024_tokens(kernels, mon
         (384, 4096, 4096, True),
         (1024, 4096, 4096, True),
         (1025, 4096, 4096, False),
+        (512, 8192, 2048, True),
+        (513, 8192, 2048, False),
         (192, 896, 4864, True),
         (256, 896, 4864, False),
     ]:

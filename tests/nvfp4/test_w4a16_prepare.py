@@ -411,10 +411,12 @@ def test_wgmma_instruction_text():
 
 
 def test_wgmma_choice():
-    """The wgmma kernel at M = 33..1024 on shapes it tiles, up to 192 on weights of < 2**24
-    parameters; and ``fused_is_faster`` takes it only where it runs (sm_90)."""
+    """The wgmma kernel at M = 33..1024 on shapes it tiles, up to 512 where N > K, up to 192 on
+    weights of < 2**24 parameters; and ``fused_is_faster`` takes it only where it runs (sm_90)."""
     assert not kernels.wgmma_is_faster(32, 4096, 4096) and kernels.wgmma_is_faster(33, 4096, 4096)
     assert kernels.wgmma_is_faster(1024, 4096, 14336) and not kernels.wgmma_is_faster(1025, 4096, 14336)
+    assert kernels.wgmma_is_faster(512, 14336, 4096) and not kernels.wgmma_is_faster(513, 14336, 4096)
+    assert kernels.wgmma_is_faster(1024, 4096, 4096)  # N = K
     assert kernels.wgmma_is_faster(192, 896, 4864) and not kernels.wgmma_is_faster(193, 896, 4864)
     assert not kernels.wgmma_is_faster(64, 4096 + 32, 4096) and not kernels.wgmma_is_faster(
         64, 4096, 4096 + 64
