@@ -2,9 +2,10 @@
 
 * ``te``: TransformerEngine's NVFP4 recipe (Blackwell, sm_100+/sm_120+, TE installed); on sm_12x
   the Random Hadamard Transform is disabled and the weight-gradient GEMM stays BF16 (TE #2372).
-* ``w4a16``: packed NVFP4 weights (4.5 bits/param), forward through the fused dequantize+GEMM
-  Triton kernel on any CUDA GPU; for large M (where the fused kernel loses) it dequantizes and
-  calls cuBLAS by itself. Inference only (no weight gradient).
+* ``w4a16``: packed NVFP4 weights (4.5 bits/param), forward through a fused dequantize+GEMM
+  kernel on any CUDA GPU (CUDA kernels compiled with NVRTC on sm_90+, Triton elsewhere:
+  :func:`~slime_gb10.nvfp4.kernels.w4a16_linear`); for large M (where the fused kernels lose) it
+  dequantizes and calls cuBLAS by itself. Inference only (no weight gradient).
 * ``qat``: high-precision master weights, fake-quantized in the forward (optionally the input
   too) with a straight-through estimator; trains on any device.
 * ``reference``: packed weights, dequantize then ``torch.matmul``: CPU, and the tests' oracle.
