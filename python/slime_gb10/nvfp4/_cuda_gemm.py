@@ -35,7 +35,7 @@ from slime_gb10.nvfp4._cuda_w4a16 import (
     DEVICE_HELPERS,
     compile_kernel,
     cuda_index,
-    launch,
+    launch_w4a16,
     max_shared_bytes,
 )
 
@@ -329,28 +329,18 @@ def w4a16_gemm(x2, data, scale_codes, global_scale, bias, out, p: GemmPlan) -> N
             f"K % 128 == 0 with at least {p.cluster} steps of 128, and {shared_bytes(p)} <= {max_shared_bytes()} "
             "bytes of shared memory; see plan)"
         )
-    if x2.stride(0) % 8 or x2.data_ptr() % 16:  # rows are copied in 16-byte chunks
-        x2 = x2.contiguous()
-    if data.data_ptr() % 16 or scale_codes.data_ptr() % 8:
-        raise ValueError("CUDA W4A16 GEMM: the codes must be 16-byte and the scale codes 8-byte aligned")
-    launch(
+    launch_w4a16(
         _kernel(cuda_index(x2), p),
         (N // p.rows, p.cluster, -(-M // p.tokens)),
         p.threads,
-        [
-            x2,
-            data,
-            scale_codes,
-            global_scale,
-            bias if bias is not None else out,
-            out,
-            M,
-            N,
-            K,
-            x2.stride(0),
-            int(bias is not None),
-        ],
         shared_bytes(p),
+        x2,
+        data,
+        scale_codes,
+        global_scale,
+        bias,
+        out,
+        name="CUDA W4A16 GEMM",
     )
 
 

@@ -475,6 +475,33 @@ def launch(kernel, grid: tuple, threads: int, args: list, smem: int) -> None:
     kernel(grid=grid, block=(threads, 1, 1), args=args, shared_mem=smem)
 
 
+def launch_w4a16(
+    kernel,
+    grid: tuple,
+    threads: int,
+    smem: int,
+    x2,
+    data,
+    scale_codes,
+    global_scale,
+    bias,
+    out,
+    extra: tuple = (),
+    name: str = "CUDA W4A16 kernel",
+) -> None:
+    """Launch one of the NVRTC W4A16 kernels (all three take the same leading arguments: x, codes,
+    scale codes, global scale, bias or a stand-in, out, M, N, K, x's row stride, has_bias; then
+    ``extra``). x's rows are copied in 16-byte chunks (made contiguous where they would not be
+    aligned); the codes must be 16-byte and the scale codes 8-byte aligned."""
+    M, K = x2.shape
+    if x2.stride(0) % 8 or x2.data_ptr() % 16:
+        x2 = x2.contiguous()
+    if data.data_ptr() % 16 or scale_codes.data_ptr() % 8:
+        raise ValueError(f"{name}: the codes must be 16-byte and the scale codes 8-byte aligned")
+    args = [x2, data, scale_codes, global_scale, bias if bias is not None else out, out, M, data.shape[0], K]
+    launch(kernel, grid, threads, [*args, x2.stride(0), int(bias is not None), *extra], smem)
+
+
 def cuda_index(t: torch.Tensor) -> int:
     return t.device.index if t.device.index is not None else torch.cuda.current_device()
 
@@ -593,27 +620,16 @@ def w4a16_small(x2, data, scale_codes, global_scale, bias, out, p: Plan) -> None
             f"N % {p.rows * p.rw} == 0, K % {128 * p.loads} == 0, at least one K segment per warp and "
             f"{shared_bytes(p, M, K)} <= {max_shared_bytes()} bytes of shared memory; see plan)"
         )
-    if x2.stride(0) % 8 or x2.data_ptr() % 16:  # rows are read with 16-byte loads
-        x2 = x2.contiguous()
-    launch(
+    launch_w4a16(
         _kernel(cuda_index(x2), p),
         (N // (p.rows * p.rw), p.cluster, 1),
         128,
-        [
-            x2,
-            data,
-            scale_codes,
-            global_scale,
-            bias if bias is not None else out,
-            out,
-            M,
-            N,
-            K,
-            x2.stride(0),
-            int(bias is not None),
-            _ring_offset(p, M, K),
-            stored_tokens(p, M),
-            window(p, K),
-        ],
         shared_bytes(p, M, K),
+        x2,
+        data,
+        scale_codes,
+        global_scale,
+        bias,
+        out,
+        extra=(_ring_offset(p, M, K), stored_tokens(p, M), window(p, K)),
     )

@@ -35,7 +35,7 @@ from typing import NamedTuple
 import torch
 
 from slime_gb10.nvfp4._cuda_gemm import GEMM_HELPERS
-from slime_gb10.nvfp4._cuda_w4a16 import DEVICE_HELPERS, compile_kernel, cuda_index, launch
+from slime_gb10.nvfp4._cuda_w4a16 import DEVICE_HELPERS, compile_kernel, cuda_index, launch_w4a16
 
 SMEM_ALIGN = 1024  # the 128-byte swizzle repeats every 8 rows of 128 bytes: stages start 1024-aligned
 HOPPER_SMEM = 227 * 1024  # dynamic shared memory a block may opt in to on sm_90
@@ -355,30 +355,18 @@ def w4a16_wgmma(x2, data, scale_codes, global_scale, bias, out, p: WgmmaPlan) ->
             f"K % 128 == 0 with at least {p.cluster} steps of 128, and {shared_bytes(p)} <= "
             f"{max_shared_bytes(index)} bytes of shared memory; see plan)"
         )
-    if x2.stride(0) % 8 or x2.data_ptr() % 16:  # rows are copied in 16-byte chunks
-        x2 = x2.contiguous()
-    if data.data_ptr() % 16 or scale_codes.data_ptr() % 8:
-        raise ValueError(
-            "CUDA W4A16 wgmma GEMM: the codes must be 16-byte and the scale codes 8-byte aligned"
-        )
-    launch(
+    launch_w4a16(
         _kernel(index, p),
         (N // p.rows, p.cluster, -(-M // p.bm)),
         p.threads,
-        [
-            x2,
-            data,
-            scale_codes,
-            global_scale,
-            bias if bias is not None else out,
-            out,
-            M,
-            N,
-            K,
-            x2.stride(0),
-            int(bias is not None),
-        ],
         shared_bytes(p),
+        x2,
+        data,
+        scale_codes,
+        global_scale,
+        bias,
+        out,
+        name="CUDA W4A16 wgmma GEMM",
     )
 
 
