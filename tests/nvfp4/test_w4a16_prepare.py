@@ -363,6 +363,8 @@ def test_wgmma_shared_memory_and_validity():
     assert not wg.valid(wg.WgmmaPlan(1, 72), 1, 4096, 4096)  # tokens in multiples of 16
     assert not wg.valid(wg.WgmmaPlan(1, 272), 1, 4096, 4096)  # the MMA's N is at most 256
     assert not wg.valid(wg.WgmmaPlan(1, 64, stages=2), 1, 4096, 4096)  # refill needs >= 3 stages
+    assert not wg.valid(wg.WgmmaPlan(1, 64, depth=3), 1, 4096, 4096)  # register sets must divide 8 steps
+    assert wg.valid(wg.WgmmaPlan(1, 64, depth=8), 1, 4096, 4096)
     assert not wg.valid(wg.WgmmaPlan(1, 64, cluster=8), 1, 4096, 128 * 7)  # 7 steps for 8 blocks
     assert wg.valid(wg.WgmmaPlan(1, 64, cluster=8), 1, 4096, 1024)
 

@@ -1,4 +1,4 @@
-"""W4A16 GEMM on Hopper's warpgroup MMA (``wgmma``, sm_90a) for a hundred tokens and more.
+"""W4A16 GEMM on Hopper's warpgroup MMA (``wgmma``, sm_90a) for tens to a thousand tokens.
 
 The ``mma.sync`` GEMM kernel (:mod:`~slime_gb10.nvfp4._cuda_gemm`) tops out at ~270 TFLOP/s on the
 H100, issue-bound on its MMAs and decode (NOTES.md v13). Here the tensor cores run asynchronously
@@ -15,10 +15,11 @@ et al., 2024), again with ModelOpt's bytes as they are:
   A layout, so lane (g, i) decodes byte i of each 4-byte word of rows g and g + 8 with the byte
   decoder of :data:`~slime_gb10.nvfp4._cuda_gemm.GEMM_HELPERS`), the activations the B operand
   from shared memory (a descriptor: K-major, 128-byte swizzle, 1024 bytes per 8 tokens).
-* Two sets of A registers: after issuing step s, ``wgmma.wait_group 1`` retires step s - 1 and
-  the lane decodes step s + 1 into the registers s - 1 used, while step s runs.
-* The stage of step k is refilled only after every warpgroup has retired its last MMA on it (the
-  barrier of step k + 1 follows each warpgroup's ``wait_group 1`` of step k + 1's first k16).
+* ``DEPTH`` sets of A registers (4 in :func:`plan`): after issuing step s, ``wgmma.wait_group
+  DEPTH - 1`` retires step s + 1 - DEPTH and the lane decodes step s + 1 into the registers that
+  step used, while up to ``DEPTH - 1`` MMAs run.
+* A stage is refilled one stage after it was read: at the barrier that ends stage k + 1 every
+  warpgroup has passed the ``wait_group`` that retired its last MMA on stage k (DEPTH <= 8).
 * Split-K over a thread-block cluster (``CLUSTER`` blocks), reduced in a fixed order through DSMEM;
   block ``rank`` writes its share of the tokens as BF16 (+ bias), two rows per 4-byte store.
 
@@ -45,7 +46,8 @@ class WgmmaPlan(NamedTuple):
     """A tiling: ``wg`` warpgroups of 64 weight rows each, ``bm`` tokens per block (the ``wgmma``
     N: a multiple of 16 up to 256), ``stages`` of the cp.async pipeline (>= 3: the stage read at
     step k is refilled at step k + 1's barrier, so two more are in flight), ``cluster`` blocks
-    splitting K."""
+    splitting K, ``depth`` sets of A registers (1, 2, 4 or 8: a divisor of a stage's 8 k16 steps,
+    so that step s of every stage uses set s % depth)."""
 
     wg: int
     bm: int
@@ -324,13 +326,14 @@ def max_shared_bytes(device_index: int | None = None) -> int:
 def valid(p: WgmmaPlan, M: int, N: int, K: int, smem_limit: int = HOPPER_SMEM) -> bool:
     """Whether ``p`` tiles this problem: whole blocks of rows, ``bm`` a multiple of 16 up to 256
     (``wgmma``'s N; whole activation chunks per thread), every block of the cluster at least one
-    128-wide K step, >= 3 stages, shared memory within ``smem_limit``."""
+    128-wide K step, >= 3 stages, a depth that divides 8, shared memory within ``smem_limit``."""
     return (
         M > 0
         and p.wg in (1, 2)
         and p.bm % 16 == 0
         and 16 <= p.bm <= 256
         and p.stages >= 3
+        and p.depth in (1, 2, 4, 8)
         and N % p.rows == 0
         and K % 128 == 0
         and p.cluster <= K // 128
