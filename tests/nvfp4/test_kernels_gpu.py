@@ -337,6 +337,39 @@ def test_qat_trains_a_small_mlp_to_the_bf16_loss_band():
     assert qat < max(3 * bf16, 0.05 * start), (start, bf16, qat)
 
 
+def _w4a16_problem(kernels, M: int, N: int, K: int, bias: bool):
+    """Activations, bias, prepared weight and the float64 result of one W4A16 problem (seeded by its shape)."""
+    g = torch.Generator(device="cuda").manual_seed(M * 7 + N + K)
+    w = torch.randn(N, K, device="cuda", generator=g) * 0.05
+    x = torch.randn(M, K, device="cuda", generator=g).to(torch.bfloat16)
+    b = torch.randn(N, device="cuda", generator=g).to(torch.bfloat16) if bias else None
+    q = quantize_reference(w)
+    expected = x.double() @ dequantize_reference(q, torch.float64).T + (b.double() if bias else 0)
+    return x, b, kernels.prepare_w4a16(q), expected
+
+
+def _check_tilings(launch, fits, candidates, x, b, p, expected, same_bits: bool) -> int:
+    """Run ``launch(x, codes, scale codes, global scale, bias, out, tiling)`` for every candidate that
+    ``fits``, into outputs that start as NaN (a missed element fails), against float64; with
+    ``same_bits``, a second call must give the same bits. Returns how many tilings ran."""
+    M, N = x.shape[0], p.data.shape[0]
+    tried = 0
+    for tiling in candidates:
+        if not fits(tiling):
+            continue
+        out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+        launch(x, p.data, p.scale_codes, p.global_scale, b, out, tiling)
+        assert torch.isfinite(out).all(), f"an output element was not written ({tiling})"
+        err = float((out.double() - expected).norm() / expected.norm())
+        assert err < 1e-2, (tiling, err)
+        if same_bits:
+            again = torch.full_like(out, float("nan"))
+            launch(x, p.data, p.scale_codes, p.global_scale, b, again, tiling)
+            assert torch.equal(again, out), tiling
+        tried += 1
+    return tried
+
+
 def _cuda_engine():
     from slime_gb10.nvfp4 import _cuda_w4a16
 
@@ -366,13 +399,7 @@ def test_cuda_w4a16_matches_reference_with_poisoned_output(kernels, M, N, K, bia
     both the cp.async ring and the register ring (M <= 16), or activations staged in windows of 1 and
     2 segments and all at once (M = 17..32); outputs start as NaN, so a missed element fails."""
     cuda = _cuda_engine()
-    g = torch.Generator(device="cuda").manual_seed(M * 7 + N + K)
-    w = torch.randn(N, K, device="cuda", generator=g) * 0.05
-    x = torch.randn(M, K, device="cuda", generator=g).to(torch.bfloat16)
-    b = torch.randn(N, device="cuda", generator=g).to(torch.bfloat16) if bias else None
-    q = quantize_reference(w)
-    expected = x.double() @ dequantize_reference(q, torch.float64).T + (b.double() if bias else 0)
-    p = kernels.prepare_w4a16(q)
+    x, b, p, expected = _w4a16_problem(kernels, M, N, K, bias)
     nt = -(-M // 8)
     if nt <= 2:
         variants = [(2, 32, 1, 0, 1, 0), (2, 16, 2, 0, 1, 0), (1, 32, 1, 3, 4, 0), (1, 16, 2, 4, 1, 0)]
@@ -383,17 +410,8 @@ def test_cuda_w4a16_matches_reference_with_poisoned_output(kernels, M, N, K, bia
         for cluster, rw in ((1, 4), (8, 1), (2, 2))
         for variant in variants
     ]
-    tried = 0
-    for tiling in candidates:
-        if not cuda.valid(tiling, M, N, K):
-            continue
-        out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
-        cuda.w4a16_small(x, p.data, p.scale_codes, p.global_scale, b, out, tiling)
-        assert torch.isfinite(out).all(), f"an output element was not written ({tiling})"
-        err = float((out.double() - expected).norm() / expected.norm())
-        assert err < 1e-2, (tiling, err)
-        tried += 1
-    assert tried >= 4
+    fits = lambda tiling: cuda.valid(tiling, M, N, K)  # noqa: E731
+    assert _check_tilings(cuda.w4a16_small, fits, candidates, x, b, p, expected, same_bits=False) >= 4
     # through the public entry point (M <= 32 picks this kernel by itself)
     got = kernels.w4a16_matmul(x, p, b)
     assert float((got.double() - expected).norm() / expected.norm()) < 1e-2
@@ -436,13 +454,7 @@ def test_cuda_gemm_matches_reference_with_poisoned_output(kernels, M, N, K, bias
     zero-filled tokens must not be written). Outputs start as NaN, so a missed element fails; a second
     call gives the same bits (the cluster reduction has a fixed order)."""
     gemm = _cuda_gemm_engine()
-    g = torch.Generator(device="cuda").manual_seed(M * 7 + N + K)
-    w = torch.randn(N, K, device="cuda", generator=g) * 0.05
-    x = torch.randn(M, K, device="cuda", generator=g).to(torch.bfloat16)
-    b = torch.randn(N, device="cuda", generator=g).to(torch.bfloat16) if bias else None
-    q = quantize_reference(w)
-    expected = x.double() @ dequantize_reference(q, torch.float64).T + (b.double() if bias else 0)
-    p = kernels.prepare_w4a16(q)
+    x, b, p, expected = _w4a16_problem(kernels, M, N, K, bias)
     candidates = [gemm.plan(M, N, K, 132)] + [
         gemm.GemmPlan(*t)
         for t in [
@@ -455,20 +467,8 @@ def test_cuda_gemm_matches_reference_with_poisoned_output(kernels, M, N, K, bias
             (4, 1, 2, 4, 4, 8),
         ]
     ]
-    tried = 0
-    for tiling in candidates:
-        if not gemm.valid(tiling, M, N, K):
-            continue
-        out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
-        gemm.w4a16_gemm(x, p.data, p.scale_codes, p.global_scale, b, out, tiling)
-        assert torch.isfinite(out).all(), f"an output element was not written ({tiling})"
-        err = float((out.double() - expected).norm() / expected.norm())
-        assert err < 1e-2, (tiling, err)
-        again = torch.full_like(out, float("nan"))
-        gemm.w4a16_gemm(x, p.data, p.scale_codes, p.global_scale, b, again, tiling)
-        assert torch.equal(again, out), tiling
-        tried += 1
-    assert tried >= 6
+    fits = lambda tiling: gemm.valid(tiling, M, N, K)  # noqa: E731
+    assert _check_tilings(gemm.w4a16_gemm, fits, candidates, x, b, p, expected, same_bits=True) >= 6
     got = kernels.w4a16_matmul(x, p, b, engine="gemm")
     assert float((got.double() - expected).norm() / expected.norm()) < 1e-2
 
@@ -546,13 +546,7 @@ def test_wgmma_matches_reference_with_poisoned_output(kernels, M, N, K, bias):
     of the token tile (the zero-filled tokens must not be written). Outputs start as NaN, so a missed
     element fails; a second call gives the same bits (the cluster reduction has a fixed order)."""
     wgmma = _wgmma_engine(kernels)
-    g = torch.Generator(device="cuda").manual_seed(M * 7 + N + K)
-    w = torch.randn(N, K, device="cuda", generator=g) * 0.05
-    x = torch.randn(M, K, device="cuda", generator=g).to(torch.bfloat16)
-    b = torch.randn(N, device="cuda", generator=g).to(torch.bfloat16) if bias else None
-    q = quantize_reference(w)
-    expected = x.double() @ dequantize_reference(q, torch.float64).T + (b.double() if bias else 0)
-    p = kernels.prepare_w4a16(q)
+    x, b, p, expected = _w4a16_problem(kernels, M, N, K, bias)
     limit = wgmma.max_shared_bytes(torch.cuda.current_device())
     candidates = [wgmma.plan(M, N, K, 132, limit)] + [
         wgmma.WgmmaPlan(*t)
@@ -566,20 +560,8 @@ def test_wgmma_matches_reference_with_poisoned_output(kernels, M, N, K, bias):
             (2, 64, 4, 1, 2),
         ]
     ]
-    tried = 0
-    for tiling in candidates:
-        if not wgmma.valid(tiling, M, N, K, limit):
-            continue
-        out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
-        wgmma.w4a16_wgmma(x, p.data, p.scale_codes, p.global_scale, b, out, tiling)
-        assert torch.isfinite(out).all(), f"an output element was not written ({tiling})"
-        err = float((out.double() - expected).norm() / expected.norm())
-        assert err < 1e-2, (tiling, err)
-        again = torch.full_like(out, float("nan"))
-        wgmma.w4a16_wgmma(x, p.data, p.scale_codes, p.global_scale, b, again, tiling)
-        assert torch.equal(again, out), tiling
-        tried += 1
-    assert tried >= 5
+    fits = lambda tiling: wgmma.valid(tiling, M, N, K, limit)  # noqa: E731
+    assert _check_tilings(wgmma.w4a16_wgmma, fits, candidates, x, b, p, expected, same_bits=True) >= 5
     got = kernels.w4a16_matmul(x, p, b, engine="wgmma")
     assert float((got.double() - expected).norm() / expected.norm()) < 1e-2
 
