@@ -65,6 +65,19 @@ ALL = (
             (3, 4), (1, 2, 4, 8), (4, 2, 1), (1, 2), (1, 2, 4, 0)
         )
     ]
+    + [  # wide blocks (session 9): 8 or 16 warps, registers capped for 64 or 128 per thread
+        cuda.Plan(nt, c, rw, depth, rows, loads, stages, max(1, 65536 // regs // (32 * warps)), 0, warps)
+        for nt, warps, c, rw, (rows, loads), (depth, stages), regs in itertools.product(
+            (1, 2),
+            (4, 8, 16),
+            (1, 2, 4),
+            (1, 2),
+            ((16, 1), (32, 1), (16, 2)),
+            ((1, 0), (2, 0), (1, 3)),
+            (64, 128),
+        )
+        if warps > 4 or (rows, loads) == (16, 1)
+    ]
 )
 TIMED_M = [int(m) for m in sys.argv[2].split(",")] if len(sys.argv) > 2 else [1, 4, 16]
 # NVRTC releases the GIL: compile every tiling up front, on all cores

@@ -394,7 +394,8 @@ def _cuda_engine():
     ],
 )
 def test_cuda_w4a16_matches_reference_with_poisoned_output(kernels, M, N, K, bias):
-    """Every pipeline and split of the CUDA kernel against float64: the plan's choice, and tilings
+    """Every pipeline and split of the CUDA kernel against float64: the plan's choice (for 132 and
+    48 SMs), blocks of 8 and 16 warps, and tilings
     with clusters of 1 and 8, 1 and 4 row-warps per block, 16-row warps with 256-wide segments, and
     both the cp.async ring and the register ring (M <= 16), or activations staged in windows of 1 and
     2 segments and all at once (M = 17..32); outputs start as NaN, so a missed element fails."""
@@ -405,12 +406,23 @@ def test_cuda_w4a16_matches_reference_with_poisoned_output(kernels, M, N, K, bia
         variants = [(2, 32, 1, 0, 1, 0), (2, 16, 2, 0, 1, 0), (1, 32, 1, 3, 4, 0), (1, 16, 2, 4, 1, 0)]
     else:
         variants = [(1, 32, 1, 3, 1, window) for window in (1, 2, 0)]
-    candidates = [cuda.plan(M, N, K, 132)] + [
-        cuda.Plan(nt, cluster, rw, *variant)
-        for cluster, rw in ((1, 4), (8, 1), (2, 2))
-        for variant in variants
+    wide_blocks = [  # 8-16 warps per block (M <= 8 plans), at every M: a K-split by 8-16 warps
+        cuda.Plan(nt, 1, 2, 1, rows=16, minb=1, warps=16),
+        cuda.Plan(nt, 2, 1, 2, rows=16, minb=2, warps=8),
+        cuda.Plan(nt, 1, 2, 1, rows=32, minb=2, warps=16),
+        cuda.Plan(nt, 1, 1, 1, rows=16, stages=3, minb=2, warps=8),
+        cuda.Plan(nt, 2, 1, 1, stages=3, window=1, warps=8),
     ]
-    fits = lambda tiling: cuda.valid(tiling, M, N, K)  # noqa: E731
+    candidates = (
+        [cuda.plan(M, N, K, 132), cuda.plan(M, N, K, 48)]
+        + wide_blocks
+        + [
+            cuda.Plan(nt, cluster, rw, *variant)
+            for cluster, rw in ((1, 4), (8, 1), (2, 2))
+            for variant in variants
+        ]
+    )
+    fits = lambda tiling: tiling is not None and cuda.valid(tiling, M, N, K)  # noqa: E731
     assert _check_tilings(cuda.w4a16_small, fits, candidates, x, b, p, expected, same_bits=False) >= 4
     # through the public entry point (M <= 32 picks this kernel by itself)
     got = kernels.w4a16_matmul(x, p, b)

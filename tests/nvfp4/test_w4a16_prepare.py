@@ -71,8 +71,62 @@ def test_nvfp4_linear_reprepares_when_its_buffers_change():
     assert layer._w4a16_prepared(layer.quantized_weight()) is not second
 
 
+def test_cuda_kernel_wide_block_plan():
+    """M <= 8 takes 8-16 warps per block where that fits, hand-derived from ``wide_block_plan``'s rules.
+
+    4096 x 4096, M = 1: 16 rows per stored token -> 16-row blocks (256 >= 132 / 2 of them); K parts =
+    the power of two nearest 32 / 3 segments = 10.7 -> 8, all K-warps of one block (8 warps); minb =
+    min(max(ceil(256 / 132), 16 / 8), 32 / 8) = 2; 4 segments per warp -> one segment deep.
+    14336 rows: 896 blocks -> minb min(7, 4) = 4. M = 4 stores 4 tokens -> 64 rows: 14336 / 64 = 224
+    blocks, two 32-row sets x 8 K-warps = 16 warps, minb min(max(2, 1), 2) = 2; 4096 / 64 = 64 < 66
+    blocks -> 32 rows (two 16-row sets), minb 1. 896 x 4864: 38 segments / 3 = 12.7 -> 16 parts,
+    ceil(38 / 16) = 3 segments per warp -> two deep. 4096 x 14336 at M = 4: 112 / 3 -> 16 parts, two
+    row sets -> 8 K-warps per block x cluster 2, staging 56 segments x 256 B x 4 tokens = 56 KB."""
+    from slime_gb10.nvfp4 import _cuda_w4a16 as cuda
+
+    def wide(cluster, rw, depth, rows, minb, warps):
+        return cuda.Plan(1, cluster, rw, depth, rows=rows, minb=minb, warps=warps)
+
+    assert cuda.plan(1, 4096, 4096, 132) == wide(1, 1, 1, 16, 2, 8)
+    assert cuda.plan(1, 14336, 4096, 132) == wide(1, 1, 1, 16, 4, 8)
+    assert cuda.plan(4, 14336, 4096, 132) == wide(1, 2, 1, 32, 2, 16)
+    assert cuda.plan(4, 4096, 4096, 132) == wide(1, 2, 1, 16, 1, 16)
+    assert cuda.plan(1, 896, 4864, 132) == wide(1, 1, 2, 16, 1, 16)
+    assert cuda.plan(1, 4096, 14336, 132) == wide(1, 1, 1, 16, 2, 16)
+    assert cuda.plan(4, 4096, 14336, 132) == wide(2, 2, 1, 16, 2, 16)
+    assert cuda.shared_bytes(cuda.plan(4, 4096, 14336, 132), 4, 14336) == 56 * 256 * 4
+    # GB10's 48 SMs: 64-row blocks already give 64 >= 24 blocks; minb ceil(64 / 48) = 2
+    assert cuda.plan(4, 4096, 4096, 48) == wide(1, 2, 1, 32, 2, 16)
+    # where it does not fit, the four-warp tiling: 8 tokens x 56 segments x 256 B = 112 KB > 96 KB;
+    # 896 x 4864 at M = 8: 38 segments x 256 B x 8 = 76 KB > 64 KB; K = 512: 4 segments < 8 parts
+    for args in [(8, 4096, 14336, 132), (8, 896, 4864, 132), (1, 128, 512, 132)]:
+        assert cuda.wide_block_plan(*args) is not None
+        assert cuda.plan(*args) == cuda.four_warp_plan(*args)
+    assert cuda.wide_block_plan(9, 4096, 4096, 132) is None
+    # 5120 x 5120: 40 segments / 3 -> 16 parts, 3 segments a warp; 320 blocks of 16 warps are more than
+    # one wave at 128 registers, so the ring would be one deep: the four-warp tiling instead
+    assert cuda.wide_block_plan(1, 5120, 5120, 132) is None
+    assert cuda.plan(1, 5120, 5120, 132) == cuda.four_warp_plan(1, 5120, 5120, 132)
+    assert cuda.plan(16, 4096, 4096, 132) == cuda.four_warp_plan(16, 4096, 4096, 132)
+
+
+def test_cuda_kernel_wide_blocks_are_valid_only_within_the_hardware():
+    """8 or 16 warps that ``rw`` divides, at most 64 warps per SM for ``minb`` blocks; the partials
+    of 16 warps x 16 rows x 9 floats (9 KB) outgrow 8 KB of activations at M = 1, K = 4096."""
+    from slime_gb10.nvfp4 import _cuda_w4a16 as cuda
+
+    p = cuda.Plan(1, 1, 1, 1, rows=16, minb=1, warps=16)
+    assert cuda.valid(p, 1, 4096, 4096)
+    assert cuda.shared_bytes(p, 1, 4096) == 16 * 16 * 9 * 4
+    assert not cuda.valid(p._replace(warps=12), 1, 4096, 4096)
+    assert not cuda.valid(p._replace(warps=8, rw=16), 1, 4096, 4096)
+    assert not cuda.valid(p._replace(minb=8), 1, 4096, 4096)  # 128 warps per SM
+    assert not cuda.valid(p, 1, 4096, 128 * 15)  # 16 K-warps, 15 segments
+
+
 def test_cuda_kernel_plan():
-    """The CUDA kernel's tiling rules, hand-derived. K is split into the power of two nearest to
+    """The four-warp tiling rules (``four_warp_plan``; ``plan`` takes them where the wide blocks do
+    not fit), hand-derived. K is split into the power of two nearest to
     ``log2(8 * SMs * 32 / N)`` parts (cluster x K-warps), smallest cluster first: 14336 rows on 132 SMs
     -> 2.36 -> 2 parts -> 1 block x 2 K-warps (rw 2); 4096 rows -> 8.25 -> 8 -> cluster 2 x 4 K-warps;
     896 rows -> 37.7 -> 32 -> cluster 8 x 4; 48 SMs, 4096 rows -> 3 -> 4 (log distance 0.42 < 0.58)."""
@@ -81,36 +135,36 @@ def test_cuda_kernel_plan():
     def ring(nt, cluster, rw):  # the cp.async pipeline the rules prefer
         return cuda.Plan(nt, cluster, rw, 1, stages=3, minb=4)
 
-    assert cuda.plan(1, 14336, 4096, 132) == ring(1, 1, 2)
-    assert cuda.plan(4, 4096, 4096, 132) == ring(1, 2, 1)
-    assert cuda.plan(1, 896, 4864, 132) == ring(1, 8, 1)
-    assert cuda.plan(4, 4096, 4096, 48) == ring(1, 1, 1)
+    assert cuda.four_warp_plan(1, 14336, 4096, 132) == ring(1, 1, 2)
+    assert cuda.four_warp_plan(4, 4096, 4096, 132) == ring(1, 2, 1)
+    assert cuda.four_warp_plan(1, 896, 4864, 132) == ring(1, 8, 1)
+    assert cuda.four_warp_plan(4, 4096, 4096, 48) == ring(1, 1, 1)
     # at M = 8 the same 4 parts: cluster 1 would stage 32 segments x 2 KB (+ 30 KB ring = 94 KB), so
     # cluster 2 x 2 K-warps (16 x 2 + 30 = 62 KB), see below
-    assert cuda.plan(8, 4096, 4096, 48) == ring(1, 2, 2)
+    assert cuda.four_warp_plan(8, 4096, 4096, 48) == ring(1, 2, 2)
     # M = 16, K = 14336, 8 parts: cluster 2 or 4 would stage 229 or 114 KB of activations; cluster 8
     # stages 57 KB, plus a 30 KB ring is over 64 KB, so the codes go through registers (256 wide)
-    assert cuda.plan(16, 4096, 14336, 132) == cuda.Plan(2, 8, 4, 2, rows=32, loads=2)
+    assert cuda.four_warp_plan(16, 4096, 14336, 132) == cuda.Plan(2, 8, 4, 2, rows=32, loads=2)
     # M = 17..32: the cp.async ring and the widest activation window within 96 KB. 4096 rows: 8 parts
     # -> 4 segments per warp; a segment of 4 K-warps x 256 B x 8 tokens x 4 tiles is 32 KB, so with the
     # 30 KB ring a window of 2 (94 KB); 14336 rows: 2 K-warps -> 16 KB a segment, window 4; 896 rows
     # at M = 20: 32 parts -> 2 segments of 24 KB, all staged at once (window 0)
-    assert cuda.plan(32, 4096, 4096, 132) == cuda.Plan(4, 2, 1, 1, stages=3, window=2)
-    assert cuda.plan(32, 14336, 4096, 132) == cuda.Plan(4, 1, 2, 1, stages=3, window=4)
-    assert cuda.plan(20, 896, 4864, 132) == cuda.Plan(3, 8, 1, 1, stages=3)
+    assert cuda.four_warp_plan(32, 4096, 4096, 132) == cuda.Plan(4, 2, 1, 1, stages=3, window=2)
+    assert cuda.four_warp_plan(32, 14336, 4096, 132) == cuda.Plan(4, 1, 2, 1, stages=3, window=4)
+    assert cuda.four_warp_plan(20, 896, 4864, 132) == cuda.Plan(3, 8, 1, 1, stages=3)
     # M = 5..8 stores 8 tokens: tilings over 64 KB come after the others with as many K parts.
     # 4096 x 14336, 8 parts: cluster 2 stages 56 segments x 2 KB = 112 KB (does not fit), cluster 4
     # 28 x 2 KB + 30 KB ring = 86 KB, cluster 8 14 x 2 KB + 30 KB = 58 KB; 14336 x 4096, 2 parts:
     # cluster 1 (2 K-warps) 64 + 30 KB, cluster 2 (4 row warps, 1 K-warp) 32 + 30 KB; 4096 x 4096
     # keeps cluster 2 (16 x 2 + 30 = 62 KB); M = 4 stores 4 tokens and keeps the old order.
-    assert cuda.plan(8, 4096, 14336, 132) == ring(1, 8, 4)
-    assert cuda.plan(5, 4096, 14336, 132) == ring(1, 8, 4)
-    assert cuda.plan(8, 14336, 4096, 132) == ring(1, 2, 4)
-    assert cuda.plan(8, 4096, 4096, 132) == ring(1, 2, 1)
-    assert cuda.plan(4, 4096, 14336, 132) == ring(1, 2, 1)
-    assert cuda.plan(33, 4096, 4096, 132) is None
-    assert cuda.plan(1, 4100, 4096, 132) is None  # N not a multiple of 32
-    assert cuda.plan(1, 4096, 4000, 132) is None  # K not a multiple of 128
+    assert cuda.four_warp_plan(8, 4096, 14336, 132) == ring(1, 8, 4)
+    assert cuda.four_warp_plan(5, 4096, 14336, 132) == ring(1, 8, 4)
+    assert cuda.four_warp_plan(8, 14336, 4096, 132) == ring(1, 2, 4)
+    assert cuda.four_warp_plan(8, 4096, 4096, 132) == ring(1, 2, 1)
+    assert cuda.four_warp_plan(4, 4096, 14336, 132) == ring(1, 2, 1)
+    assert cuda.four_warp_plan(33, 4096, 4096, 132) is None
+    assert cuda.four_warp_plan(1, 4100, 4096, 132) is None  # N not a multiple of 32
+    assert cuda.four_warp_plan(1, 4096, 4000, 132) is None  # K not a multiple of 128
 
 
 def test_cuda_kernel_shared_memory():
@@ -150,7 +204,10 @@ def test_cuda_kernel_stays_under_48_kb_without_the_opt_in(monkeypatch):
     assert cuda.max_shared_bytes() == 48 * 1024
     assert not cuda.valid(big, 16, 4096, 14336)
     assert cuda.plan(16, 4096, 14336, 132) is None
-    assert cuda.plan(1, 4096, 4096, 132) == cuda.Plan(1, 2, 1, 1, stages=3, minb=4)  # small tilings unchanged
+    assert cuda.four_warp_plan(1, 4096, 4096, 132) == cuda.Plan(
+        1, 2, 1, 1, stages=3, minb=4
+    )  # small tilings unchanged
+    assert cuda.plan(1, 4096, 4096, 132).warps == 8
 
 
 def test_fused_crossover():

@@ -61,7 +61,8 @@ class Plan(NamedTuple):
     16-byte loads per row and segment (a segment is ``128 * loads`` wide in K); ``stages``: slots of
     the cp.async ring (0: a register ring of ``depth``); ``minb``: blocks per SM the registers are
     capped for; ``window``: segments per K-warp whose activations are staged at a time (0: all of
-    them, once; the cp.async ring restages every ``window`` segments).
+    them, once; the cp.async ring restages every ``window`` segments); ``warps``: warps per block
+    (4, 8 or 16; ``warps // rw`` of them split the K range of each row set).
     """
 
     nt: int
@@ -73,6 +74,7 @@ class Plan(NamedTuple):
     stages: int = 0
     minb: int = 1
     window: int = 0
+    warps: int = 4
 
 
 #: Device code shared by the NVRTC kernels (``w4a16_small`` here, ``w4a16_gemm`` in
@@ -134,9 +136,10 @@ def _source(p: Plan) -> str:
     return (
         f"#define NT {p.nt}\n#define CLUSTER {p.cluster}\n#define RW {p.rw}\n#define DEPTH {p.depth}\n"
         f"#define ROWS {p.rows}\n#define LOADS {p.loads}\n#define STAGES {p.stages}\n#define MINB {p.minb}\n"
-        f"#define CLUSTER_ATTR {cluster_attr}\n#define WINDOWED {int(p.window > 0)}\n"
+        f"#define CLUSTER_ATTR {cluster_attr}\n#define WINDOWED {int(p.window > 0)}\n#define WARPS {p.warps}\n"
         + r"""
-#define KW (4 / RW)
+#define KW (WARPS / RW)
+#define THREADS (32 * WARPS)
 #define MT (ROWS / 16)  /* m16 tiles per warp */
 #define RG (ROWS / 8)   /* row groups of 8 per warp */
 #define RED_STRIDE (8 * NT + 1)  /* floats per row of the split-K partials (+1: no bank conflicts) */
@@ -207,7 +210,7 @@ __device__ __forceinline__ void read_segment(Segment& seg, const unsigned char* 
 __device__ __forceinline__ void stage_window(uint4* xs, const u16* __restrict__ x, int M, int stride_xm, int S,
                                              int parts, int rank, int s0, int window, int ts, int gm, int tid) {
     const int per_warp = window * LOADS * 16;  // 16-byte chunks of one K-warp's window
-    for (int c = tid; c < KW * per_warp; c += 128) {
+    for (int c = tid; c < KW * per_warp; c += THREADS) {
         const int kw = c / per_warp, cw = c % per_warp, u = cw >> 4, ii = (cw >> 2) & 3, j = cw & 3;
         const int ws = (rank * KW + kw) * S / parts, we = (rank * KW + kw + 1) * S / parts;
         if ((ws + s0) * LOADS + u >= we * LOADS) continue;  // past this K-warp's segments
@@ -279,7 +282,7 @@ __device__ __forceinline__ void ring_step(float (*acc)[NT][4], unsigned char* ri
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(128, MINB) CLUSTER_ATTR w4a16_small(
+extern "C" __global__ void __launch_bounds__(THREADS, MINB) CLUSTER_ATTR w4a16_small(
     const u16* __restrict__ x, const unsigned char* __restrict__ codes, const unsigned char* __restrict__ scodes,
     const float* __restrict__ gs, const u16* __restrict__ bias, u16* __restrict__ out,
     int M, int N, int K, int stride_xm, int has_bias, int ring_offset, int gm, int window)
@@ -341,7 +344,7 @@ extern "C" __global__ void __launch_bounds__(128, MINB) CLUSTER_ATTR w4a16_small
     //    quad; tokens >= M are zeros.
     const int sb = rank * KW * S / parts, se = (rank + 1) * KW * S / parts;  // the block's segments
     const int chunks = (se - sb) * LOADS * 16;
-    for (int c = tid; c < chunks; c += 128) {
+    for (int c = tid; c < chunks; c += THREADS) {
         const int s = c >> 4, ii = (c >> 2) & 3, j = c & 3;
 #pragma unroll
         for (int tok = 0; tok < gm * NT; ++tok) {
@@ -393,7 +396,7 @@ extern "C" __global__ void __launch_bounds__(128, MINB) CLUSTER_ATTR w4a16_small
     // block `rank` sums rows [r0, r1) of the block's 32 RW over (cluster block, K warp), in that order
     const int rows = ROWS * RW, r0 = rank * rows / CLUSTER, r1 = (rank + 1) * rows / CLUSTER;
     const float out_scale = gs[0] * 128.f;
-    for (int e = tid; e < (r1 - r0) * M; e += 128) {
+    for (int e = tid; e < (r1 - r0) * M; e += THREADS) {
         const int row = r0 + e % (r1 - r0), tok = e / (r1 - r0);
         const float* p = red + ((row / ROWS) * KW * ROWS + row % ROWS) * RED_STRIDE + tok;
         float v = 0.f;
@@ -519,7 +522,7 @@ def stored_tokens(p: Plan, M: int) -> int:
 
 def warp_segments(p: Plan, K: int) -> int:
     """The most K segments a warp has (``ceil(segments / (cluster * K-warps))``)."""
-    return -(-(K // (128 * p.loads)) // (p.cluster * (4 // p.rw)))
+    return -(-(K // (128 * p.loads)) // (p.cluster * (p.warps // p.rw)))
 
 
 def window(p: Plan, K: int) -> int:
@@ -533,26 +536,29 @@ def _ring_offset(p: Plan, M: int, K: int) -> int:
     token: the block's at most ``ceil(S / cluster)`` segments, or a window of each K-warp's) or the
     split-K partials, whichever is larger."""
     if p.window:
-        segments = (4 // p.rw) * window(p, K)
+        segments = (p.warps // p.rw) * window(p, K)
     else:
         segments = -(-(K // (128 * p.loads)) // p.cluster)
-    return max(segments * p.loads * 256 * stored_tokens(p, M) * p.nt, 4 * p.rows * (8 * p.nt + 1) * 4)
+    return max(segments * p.loads * 256 * stored_tokens(p, M) * p.nt, p.warps * p.rows * (8 * p.nt + 1) * 4)
 
 
 def shared_bytes(p: Plan, M: int, K: int) -> int:
     """Dynamic shared memory of a block: activations / partials, then each warp's cp.async ring."""
-    return _ring_offset(p, M, K) + 4 * p.stages * (p.rows // 8) * p.loads * 32 * 20
+    return _ring_offset(p, M, K) + p.warps * p.stages * (p.rows // 8) * p.loads * 32 * 20
 
 
 def valid(p: Plan, M: int, N: int, K: int) -> bool:
     """Whether ``p`` tiles this problem: M fits its token tiles (at most 8), whole blocks of rows,
-    every warp at least one K segment, the register ring's activations staged once, shared memory
+    4, 8 or 16 warps per block (at most 64 per SM for ``minb`` blocks), every warp at least one K segment, the register ring's activations staged once, shared memory
     within :func:`max_shared_bytes`."""
     return (
         0 < M <= 8 * p.nt <= MAX_M
         and N % (p.rows * p.rw) == 0
         and K % (128 * p.loads) == 0
-        and K // (128 * p.loads) >= p.cluster * (4 // p.rw)
+        and p.warps in (4, 8, 16)
+        and p.warps % p.rw == 0
+        and p.warps * p.minb <= 64
+        and K // (128 * p.loads) >= p.cluster * (p.warps // p.rw)
         and (p.stages > 0 or p.window == 0)
         and shared_bytes(p, M, K) <= max_shared_bytes()
     )
@@ -563,9 +569,20 @@ MAX_M = 32  # above, the activations staged per block outweigh the codes it stre
 
 def plan(M: int, N: int, K: int, sm_count: int) -> Plan | None:
     """The tiling for ``[M, K] x [N, K]^T``, or None where the kernel does not apply (M > 32,
-    N % 32, K % 128, or nothing fits in shared memory).
+    N % 32, K % 128, or nothing fits in shared memory): for M <= 8 the wide-block tiling
+    (:func:`wide_block_plan`) where it is valid and fits in 64 KB of shared memory, else the
+    four-warp one (:func:`four_warp_plan`). Both are rules fitted to sweeps of every tiling on the
+    H100 (NOTES.md); GB10's 48 SMs are not measured."""
+    if not 0 < M <= MAX_M or N % 32 or K % 128:
+        return None
+    wide = wide_block_plan(M, N, K, sm_count)
+    if wide is not None and valid(wide, M, N, K) and shared_bytes(wide, M, K) <= 64 * 1024:
+        return wide
+    return four_warp_plan(M, N, K, sm_count)
 
-    Rules fitted to sweeps of every tiling on the H100 (NOTES.md; GB10's 48 SMs are not measured):
+
+def four_warp_plan(M: int, N: int, K: int, sm_count: int) -> Plan | None:
+    """The tiling of 4-warp blocks (sessions 3-6), or None where nothing fits.
 
     * K is split into ``parts`` = cluster x K-warps per block, the power of two nearest to
       ``8 * SMs`` warps in all; at equal parts, smaller clusters (more K-warps per block) first,
@@ -600,6 +617,51 @@ def plan(M: int, N: int, K: int, sm_count: int) -> Plan | None:
     return None if best is None else best[1]
 
 
+def wide_block_plan(M: int, N: int, K: int, sm_count: int) -> Plan | None:
+    """The M <= 8 tiling of 8-16 warps per block on 16-64 rows (session 9 sweep, NOTES.md), or None.
+
+    * Rows per block: 16 per stored token (M rounded up to a power of two), at most 64, halved while
+      that leaves fewer than ``SMs / 2`` blocks. Every block stages the activations of its K range,
+      so more rows per block amortize them as M grows (at M = 4 on 14336 x 4096, 16-row blocks
+      staged 29 MB of activations against 33 MB of codes). A warp owns 16 rows, or 32 in 64-row
+      blocks (``rw`` row sets per block).
+    * K parts (cluster x K-warps): the power of two nearest to a third of the 128-wide segments,
+      8 to 16, so each warp streams about 3 segments; the K-warps of all row sets fill at most 16
+      warps per block, a cluster takes the rest.
+    * The codes go through a register ring, one segment deep; two where a warp has at most 3
+      segments (all of them in flight at once) and the grid fits one wave at the 128 registers a
+      thread that needs. Where it does not, None: one segment at a time, each a memory round trip,
+      lost to the four-warp tiling's cp.async ring by 10-30% (5120 x 5120 at M = 1..8, 8960 x 1536
+      at M = 2..8; two deep over 2.4 waves was 1.3x slower).
+    * ``minb``: the blocks per SM of the grid (registers capped to let them all in), but registers
+      capped at no less than 64 per thread (2048 threads per SM), 128 for a ring two deep (which
+      spills at 64), and at no more than 128 (small grids).
+    """
+    if not 0 < M <= 8 or N % 16 or K % 128:
+        return None
+    stored = 1 << max(M - 1, 0).bit_length()
+    block_rows = min(16 * stored, 64)
+    while block_rows > 16 and N // block_rows < sm_count / 2:
+        block_rows //= 2
+    rows = 16 if block_rows <= 32 else 32
+    rw = block_rows // rows
+    segments = K // 128
+    parts = max(8, min(16, 1 << round(math.log2(max(segments / 3, 1)))))
+    warps = min(16, parts * rw)
+    cluster = parts // (warps // rw)
+    blocks = N // block_rows * cluster
+    one_wave = blocks <= sm_count * max(1, 16 // warps)  # at 128 registers a thread
+    if -(-segments // parts) > 3:
+        depth = 1
+    elif one_wave:
+        depth = 2
+    else:  # a few segments a warp, one at a time: a memory round trip each (the four-warp tiling)
+        return None
+    most = (16 if depth == 2 else 32) // warps  # 128 or 64 registers a thread
+    minb = max(1, min(max(-(-blocks // sm_count), 16 // warps), most))
+    return Plan(1, cluster, rw, depth, rows=rows, minb=minb, warps=warps)
+
+
 def _widest_window(p: Plan, M: int, N: int, K: int) -> Plan | None:
     """``p`` with the largest activation window that fits (all segments if they do), else None."""
     if valid(p._replace(window=0), M, N, K):
@@ -617,13 +679,14 @@ def w4a16_small(x2, data, scale_codes, global_scale, bias, out, p: Plan) -> None
     if not valid(p, M, N, K):
         raise ValueError(
             f"CUDA W4A16 kernel: the tiling {p} does not fit M={M}, N={N}, K={K} (needs M <= {8 * p.nt} <= {MAX_M}, "
-            f"N % {p.rows * p.rw} == 0, K % {128 * p.loads} == 0, at least one K segment per warp and "
+            f"N % {p.rows * p.rw} == 0, K % {128 * p.loads} == 0, 4, 8 or 16 warps that rw divides, at least "
+            f"one K segment per warp and "
             f"{shared_bytes(p, M, K)} <= {max_shared_bytes()} bytes of shared memory; see plan)"
         )
     launch_w4a16(
         _kernel(cuda_index(x2), p),
         (N // (p.rows * p.rw), p.cluster, 1),
-        128,
+        32 * p.warps,
         shared_bytes(p, M, K),
         x2,
         data,
