@@ -64,6 +64,16 @@ def test_format_table_lists_every_row():
                     if m == 1
                     else {}
                 ),
+                **(
+                    {
+                        "ms_read_w4": 0.004,
+                        "ms_read_bf16": 0.011,
+                        "bf16_vs_read_w4": 3.0,
+                        "auto_vs_read_w4": 1.25,
+                    }
+                    if m == 1
+                    else {}
+                ),
             }
             for m in (1, 4096)
         ],
@@ -71,3 +81,12 @@ def test_format_table_lists_every_row():
     table = format_table(result)
     assert "3000 GB/s" in table and "83.3" in table
     assert table.count("4096  4096 |") == 2
+    assert "3.00x      1.25" in table  # the read floor's columns where measured
+    assert table.count("|            --") == 1  # and a dash where not
+
+
+def test_read_floor_needs_nvrtc_and_whole_words():
+    """No GPU (or NVRTC) here: no floor rather than an error; the bench rows then omit its columns."""
+    from slime_gb10.nvfp4.bench import measure_read_floor
+
+    assert measure_read_floor([(torch.zeros(64, dtype=torch.uint8),)], reps=2) is None

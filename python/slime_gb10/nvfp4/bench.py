@@ -10,7 +10,10 @@ ratio to them and to the PyTorch baseline:
   (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336), (896, 4864)}: the fused kernels (the best
   of the weight-streaming CUDA kernel up to M = 32, the CUDA GEMM kernel up to M = 128, the wide
   Triton kernel above M = 16, and a few tile configurations of the Triton kernel), dequantize +
-  cuBLAS, and what ``w4a16_linear`` picks by itself.
+  cuBLAS, and what ``w4a16_linear`` picks by itself; and per layer a third ceiling: the time of a
+  kernel that only reads the weight's bytes once (codes + scale codes, or the BF16 weight) in the
+  same harness. BF16 time / that read floor is the most any W4A16 kernel could gain over cuBLAS
+  there (launch and DRAM latency included); auto time / read floor is how far ours is from it.
 
 Quantize timings are medians of ``triton.testing.do_bench`` (CUDA events, L2 flushed before each
 call). GEMM timings are per call in a CUDA graph of back-to-back calls that cycle through enough
@@ -93,6 +96,55 @@ def measure_bf16_gemm(n: int = 8192) -> float:
     b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
     ms = _bench(lambda: torch.matmul(a, b), rep_ms=300)
     return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
+#: A kernel that only reads: two buffers in 16-byte loads, four in flight per thread, grid-stride.
+#: Its time over a weight's bytes, in the same CUDA-graph harness as the GEMMs, is the floor of any
+#: kernel that streams those bytes once: launch, DRAM latency and bandwidth, no compute.
+READ_KERNEL = r"""
+extern "C" __global__ void stream_read(const uint4* __restrict__ a, long long na, const uint4* __restrict__ b,
+                                       long long nb, unsigned int* sink) {
+    unsigned int acc = 0;
+    const long long tid = blockIdx.x * (long long)blockDim.x + threadIdx.x, stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = tid; i < na; i += 4 * stride) {
+        uint4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) v[u] = i + u * stride < na ? __ldg(a + i + u * stride) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    }
+    for (long long i = tid; i < nb; i += stride) {
+        const uint4 v = __ldg(b + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x9E3779B9u) sink[0] = acc;  // never in practice; keeps the loads
+}
+"""
+
+
+def measure_read_floor(buffers: list[tuple[torch.Tensor, ...]], reps: int) -> float | None:
+    """Milliseconds per call to read each entry of ``buffers`` (one or two tensors: a weight copy)
+    once, cycling through them as the GEMM timings do; the best of three launch shapes. None where
+    NVRTC is not available or a buffer is not a whole number of 16-byte words."""
+    from slime_gb10.nvfp4 import _cuda_w4a16
+
+    flat = [[t.reshape(-1).view(torch.uint8) for t in entry] for entry in buffers]
+    if not _cuda_w4a16.available() or any(t.numel() % 16 or t.data_ptr() % 16 for e in flat for t in e):
+        return None
+    kernel = _cuda_w4a16.compile_kernel(torch.cuda.current_device(), READ_KERNEL, "stream_read")
+    sink = torch.zeros(4, dtype=torch.int32, device="cuda")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    pairs = [(e[0], e[1] if len(e) > 1 else sink.view(torch.uint8)[:0]) for e in flat]
+
+    def call(a, b, grid, threads):
+        return lambda: kernel(
+            grid=(grid, 1, 1), block=(threads, 1, 1), args=[a, a.numel() // 16, b, b.numel() // 16, sink]
+        )
+
+    return min(
+        graph_time([call(a, b, grid, threads) for a, b in pairs], reps, replays=5)
+        for grid, threads in ((4 * sms, 512), (8 * sms, 512), (8 * sms, 128))
+    )
 
 
 def bench_quantize(copy_gbps: float, shapes=QUANTIZE_SHAPES) -> list[dict]:
@@ -223,6 +275,8 @@ def bench_w4a16(
         n_w = _copies(w.numel() * 2)
         ws = [w] + [w.clone() for _ in range(n_w - 1)]
         reps = 2 * max(n_q, n_w)
+        read_w4 = measure_read_floor([(p.data, p.scale_codes) for p in ps], reps)
+        read_bf16 = measure_read_floor([(one,) for one in ws], reps)
         for m in m_values:
             xs = [torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for _ in range(2)]
             ref = torch.matmul(xs[0], w_deq.T).float()
@@ -309,6 +363,15 @@ def bench_w4a16(
                 "weight_copies": [n_q, n_w],
                 "errors": errors,
             }
+            if read_w4 is not None and read_bf16 is not None:
+                row.update(
+                    {
+                        "ms_read_w4": read_w4,
+                        "ms_read_bf16": read_bf16,
+                        "bf16_vs_read_w4": t_bf16 / read_w4,
+                        "auto_vs_read_w4": t_auto / read_w4,
+                    }
+                )
             if best is not None:
                 t, cfg, asm, err = best
                 row.update(
@@ -376,7 +439,8 @@ def format_table(result: dict) -> str:
         )
     lines += [
         "",
-        "w4a16 GEMM      M     N     K | bf16 us (%floor) | fused us (%floor)  x-bf16 | deq+cuBLAS us | auto us  x-bf16",
+        "w4a16 GEMM      M     N     K | bf16 us (%floor) | fused us (%floor)  x-bf16 | deq+cuBLAS us | auto us  x-bf16 "
+        "| read-floor us  bf16/floor auto/floor",
     ]
     for r in result["w4a16"]:
         fused = (
@@ -386,7 +450,12 @@ def format_table(result: dict) -> str:
         )
         lines.append(
             f"          {r['M']:6d} {r['N']:5d} {r['K']:5d} | {1e3 * r['ms_bf16_matmul']:8.1f} ({r['bf16_pct_of_floor']:3.0f}%) | "
-            f"{fused} | {1e3 * r['ms_dequant_cublas']:13.1f} | {1e3 * r['ms_auto']:7.1f}  {r['speedup_auto_vs_bf16']:5.2f}x"
+            f"{fused} | {1e3 * r['ms_dequant_cublas']:13.1f} | {1e3 * r['ms_auto']:7.1f}  {r['speedup_auto_vs_bf16']:5.2f}x "
+            + (
+                f"| {1e3 * r['ms_read_w4']:13.1f}  {r['bf16_vs_read_w4']:9.2f}x {r['auto_vs_read_w4']:9.2f}"
+                if "ms_read_w4" in r
+                else "|            --"
+            )
         )
     return "\n".join(lines)
 
