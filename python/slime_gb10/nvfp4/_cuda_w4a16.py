@@ -552,8 +552,9 @@ def shared_bytes(p: Plan, M: int, K: int) -> int:
 
 def valid(p: Plan, M: int, N: int, K: int) -> bool:
     """Whether ``p`` tiles this problem: M fits its token tiles (at most 8), whole blocks of rows,
-    4, 8 or 16 warps per block (at most 64 per SM for ``minb`` blocks), every warp at least one K segment, the register ring's activations staged once, shared memory
-    within :func:`max_shared_bytes`."""
+    4, 8 or 16 warps per block that ``rw`` divides (at most 64 per SM for ``minb`` blocks), every
+    warp at least one K segment, the register ring's activations staged once, shared memory within
+    :func:`max_shared_bytes`."""
     return (
         0 < M <= 8 * p.nt <= MAX_M
         and N % (p.rows * p.rw) == 0
@@ -636,9 +637,9 @@ def wide_block_plan(M: int, N: int, K: int, sm_count: int) -> Plan | None:
       thread that needs. Where it does not, None: one segment at a time, each a memory round trip,
       lost to the four-warp tiling's cp.async ring by 10-30% (5120 x 5120 at M = 1..8, 8960 x 1536
       at M = 2..8; two deep over 2.4 waves was 1.3x slower).
-    * ``minb``: the blocks per SM of the grid (registers capped to let them all in), but registers
-      capped at no less than 64 per thread (2048 threads per SM), 128 for a ring two deep (which
-      spills at 64), and at no more than 128 (small grids).
+    * ``minb`` (blocks per SM the registers are capped for): the grid's blocks per SM, kept between
+      128 registers a thread (``16 // warps`` blocks: small grids) and 64 (``32 // warps``: 2048
+      threads an SM); a ring two deep keeps 128 (it spills at 64).
     """
     if not 0 < M <= 8 or N % 16 or K % 128:
         return None
