@@ -23,6 +23,7 @@ weight copies to stream them from memory, as in a decode step (no CPU launch ove
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import platform
 import sys
@@ -122,6 +123,13 @@ extern "C" __global__ void stream_read(const uint4* __restrict__ a, long long na
 """
 
 
+@functools.cache
+def _read_kernel(device_index: int):
+    from slime_gb10.nvfp4 import _cuda_w4a16
+
+    return _cuda_w4a16.compile_kernel(device_index, READ_KERNEL, "stream_read")
+
+
 def measure_read_floor(buffers: list[tuple[torch.Tensor, ...]], reps: int) -> float | None:
     """Milliseconds per call to read each entry of ``buffers`` (one or two tensors: a weight copy)
     once, cycling through them as the GEMM timings do; the best of three launch shapes. None where
@@ -131,7 +139,7 @@ def measure_read_floor(buffers: list[tuple[torch.Tensor, ...]], reps: int) -> fl
     flat = [[t.reshape(-1).view(torch.uint8) for t in entry] for entry in buffers]
     if not _cuda_w4a16.available() or any(t.numel() % 16 or t.data_ptr() % 16 for e in flat for t in e):
         return None
-    kernel = _cuda_w4a16.compile_kernel(torch.cuda.current_device(), READ_KERNEL, "stream_read")
+    kernel = _read_kernel(torch.cuda.current_device())  # compiled once, not per layer
     sink = torch.zeros(4, dtype=torch.int32, device="cuda")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     pairs = [(e[0], e[1] if len(e) > 1 else sink.view(torch.uint8)[:0]) for e in flat]
