@@ -78,6 +78,10 @@ ALL = (
         )
         if warps > 4 or (rows, loads) == (16, 1)
     ]
+    + [  # two-tile plans (session 10, M = 9..16): 8 warps in 4 or 8 row sets
+        cuda.Plan(2, c, rw, depth, rows, loads, 0, 2, 0, 8)
+        for c, rw, (depth, loads), rows in itertools.product((1, 2, 4, 8), (4, 8), ((2, 1), (1, 2)), (16, 32))
+    ]
 )
 TIMED_M = [int(m) for m in sys.argv[2].split(",")] if len(sys.argv) > 2 else [1, 4, 16]
 # NVRTC releases the GIL: compile every tiling up front, on all cores

@@ -395,7 +395,7 @@ def _cuda_engine():
 )
 def test_cuda_w4a16_matches_reference_with_poisoned_output(kernels, M, N, K, bias):
     """Every pipeline and split of the CUDA kernel against float64: the plan's choice (for 132 and
-    48 SMs), blocks of 8 and 16 warps, and tilings
+    48 SMs), blocks of 8 and 16 warps (up to 8 row sets of 16 or 32 rows), and tilings
     with clusters of 1 and 8, 1 and 4 row-warps per block, 16-row warps with 256-wide segments, and
     both the cp.async ring and the register ring (M <= 16), or activations staged in windows of 1 and
     2 segments and all at once (M = 17..32); outputs start as NaN, so a missed element fails."""
@@ -406,12 +406,15 @@ def test_cuda_w4a16_matches_reference_with_poisoned_output(kernels, M, N, K, bia
         variants = [(2, 32, 1, 0, 1, 0), (2, 16, 2, 0, 1, 0), (1, 32, 1, 3, 4, 0), (1, 16, 2, 4, 1, 0)]
     else:
         variants = [(1, 32, 1, 3, 1, window) for window in (1, 2, 0)]
-    wide_blocks = [  # 8-16 warps per block (M <= 8 plans), at every M: a K-split by 8-16 warps
+    wide_blocks = [  # 8-16 warps per block (M <= 16 plans), at every M: a K-split by 1-16 warps
         cuda.Plan(nt, 1, 2, 1, rows=16, minb=1, warps=16),
         cuda.Plan(nt, 2, 1, 2, rows=16, minb=2, warps=8),
         cuda.Plan(nt, 1, 2, 1, rows=32, minb=2, warps=16),
         cuda.Plan(nt, 1, 1, 1, rows=16, stages=3, minb=2, warps=8),
         cuda.Plan(nt, 2, 1, 1, stages=3, window=1, warps=8),
+        # M = 9..16 plans: 8 row sets of 16 rows (one K-warp each, 256-wide segments) or of 32 rows
+        cuda.Plan(nt, 2, 8, 1, rows=16, loads=2, minb=2, warps=8),
+        cuda.Plan(nt, 4, 8, 2, rows=32, minb=2, warps=8),
     ]
     candidates = (
         [cuda.plan(M, N, K, 132), cuda.plan(M, N, K, 48)]
@@ -486,11 +489,11 @@ def test_cuda_gemm_matches_reference_with_poisoned_output(kernels, M, N, K, bias
 
 
 def test_w4a16_matmul_takes_the_gemm_kernel_from_9_to_64_tokens(kernels, monkeypatch):
-    """The automatic choice (``gemm_is_faster``): the GEMM kernel at M = 9, 24 and 64 (on Hopper the
-    wgmma kernel takes 64) on a 4096 x 4096 weight and at M = 24 on a K > N layer of 2**24 weights,
-    not at M = 8 (the weight-streaming CUDA kernel) nor at M = 12 and 40 on that K > N layer (the
-    weight-streaming kernel; the wide or, on Hopper, the wgmma kernel); the results match float64
-    either way."""
+    """The automatic choice (``gemm_is_faster``): the GEMM kernel at M = 17, 24 and 64 (on Hopper
+    the wgmma kernel takes 64) on a 4096 x 4096 weight, at M = 12 on layers with N < K and N < 4096
+    and at M = 24 on a K > N layer of 2**24 weights; not at M = 8, 9 and 16 on 4096 x 4096 nor at
+    M = 12 on 4096 x 8192 (the weight-streaming CUDA kernel), nor at M = 40 on the K > N layer (the
+    wide or, on Hopper, the wgmma kernel); the results match float64 either way."""
     gemm = _cuda_gemm_engine()
     launches = []
     real = gemm.w4a16_gemm
@@ -503,11 +506,15 @@ def test_w4a16_matmul_takes_the_gemm_kernel_from_9_to_64_tokens(kernels, monkeyp
     hopper = kernels._wgmma_engine_ok(torch.device("cuda"))  # M = 33..64 goes to the wgmma kernel there
     for M, N, K, gemm_expected in [
         (8, 4096, 4096, False),
-        (9, 4096, 4096, True),
+        (9, 4096, 4096, False),
+        (16, 4096, 4096, False),
+        (17, 4096, 4096, True),
         (24, 4096, 4096, True),
         (64, 4096, 4096, not hopper),
+        (12, 1024, 4096, True),
+        (12, 2048, 8192, True),
+        (12, 4096, 8192, False),
         (24, 2048, 8192, True),
-        (12, 2048, 8192, False),
         (40, 2048, 8192, False),
     ]:
         q = quantize_reference(torch.randn(N, K, device="cuda") * 0.05)

@@ -107,7 +107,38 @@ def test_cuda_kernel_wide_block_plan():
     # one wave at 128 registers, so the ring would be one deep: the four-warp tiling instead
     assert cuda.wide_block_plan(1, 5120, 5120, 132) is None
     assert cuda.plan(1, 5120, 5120, 132) == cuda.four_warp_plan(1, 5120, 5120, 132)
-    assert cuda.plan(16, 4096, 4096, 132) == cuda.four_warp_plan(16, 4096, 4096, 132)
+    assert cuda.plan(16, 4096, 4096, 132) == cuda.two_tile_plan(16, 4096, 4096, 132)
+
+
+def test_cuda_kernel_two_tile_plan():
+    """M = 9..16 takes 8 warps on 32-256 rows, hand-derived from ``two_tile_plan``'s rules.
+
+    4096 x 4096: K / 2 = 2048 -> cluster 2 (64 KB of activations a block); 256 rows give 16 x 2 = 32
+    < 1.5 x 132 blocks, 128 rows 64 < 0.7 x 132 = 92.4, 64 rows 128 -> 4 row sets of 16 rows, 2
+    K-warps, ceil(32 / 4) = 8 segments a warp -> two deep, 128 wide. 14336 x 4096: 128 rows give
+    224 blocks -> 8 row sets, 1 K-warp, 16 segments -> one 256-wide segment deep. 27648 x 5120:
+    2560 > 2048 -> cluster 4; 256 rows: 108 x 4 = 432 >= 198 -> 8 row sets of 32 rows, 10 segments
+    -> 256 wide. 896 x 4864: cluster 4; 896 % 256, 28 and 56 blocks -> 32 rows (2 row sets, 4
+    K-warps), ceil(38 / 16) = 3 segments -> two deep. 14336 x 4224 (33 segments): cluster 4, 256
+    rows (56 x 4 = 224 >= 198 blocks), 9 segments a warp but K % 256 -> two deep, 128 wide. GB10's 48 SMs: 4096 x 4096 gets 128
+    rows (64 >= 33.6 blocks)."""
+    from slime_gb10.nvfp4 import _cuda_w4a16 as cuda
+
+    def two(cluster, rw, depth, rows, loads):
+        return cuda.Plan(2, cluster, rw, depth, rows=rows, loads=loads, minb=2, warps=8)
+
+    assert cuda.plan(16, 4096, 4096, 132) == two(2, 4, 2, 16, 1)
+    assert cuda.plan(9, 4096, 4096, 132) == two(2, 4, 2, 16, 1)
+    assert cuda.shared_bytes(two(2, 4, 2, 16, 1), 16, 4096) == 64 * 1024
+    assert cuda.plan(16, 14336, 4096, 132) == two(2, 8, 1, 16, 2)
+    assert cuda.plan(16, 27648, 5120, 132) == two(4, 8, 1, 32, 2)
+    assert cuda.plan(12, 896, 4864, 132) == two(4, 2, 2, 16, 1)
+    assert cuda.plan(16, 14336, 4224, 132) == two(4, 8, 2, 32, 1)
+    assert cuda.plan(16, 4096, 4096, 48) == two(2, 8, 1, 16, 2)
+    assert cuda.two_tile_plan(8, 4096, 4096, 132) is None and cuda.two_tile_plan(17, 4096, 4096, 132) is None
+    # K > 16384 would need more than 8 blocks a cluster: the four-warp tiling
+    assert cuda.two_tile_plan(16, 4096, 32768, 132) is None
+    assert cuda.plan(16, 4096, 32768, 132) == cuda.four_warp_plan(16, 4096, 32768, 132)
 
 
 def test_cuda_kernel_wide_blocks_are_valid_only_within_the_hardware():
@@ -311,13 +342,16 @@ def test_cuda_gemm_shared_memory_and_validity(monkeypatch):
 
 
 def test_cuda_gemm_choice():
-    """The GEMM kernel from M = 9 to 64 where it tiles the shape, but on layers with K > N of >= 2**24
-    weights only at M = 17..32 (the other kernels' measured leads on 4096 x 14336)."""
-    assert not kernels.gemm_is_faster(8, 4096, 4096) and kernels.gemm_is_faster(9, 4096, 4096)
+    """The GEMM kernel at M = 9..16 only where N < K and N < 4096 (or K > 16384, beyond the two-tile
+    plan), at M = 17..32 everywhere, at M = 33..64 except on layers with K > N of >= 2**24 weights."""
+    assert not kernels.gemm_is_faster(8, 896, 4864) and kernels.gemm_is_faster(9, 896, 4864)
+    assert kernels.gemm_is_faster(16, 1024, 4096) and kernels.gemm_is_faster(16, 1536, 8960)
+    for n, k in [(4096, 4096), (4096, 14336), (4096, 11008), (2048, 2048), (14336, 4096)]:
+        assert not kernels.gemm_is_faster(9, n, k) and not kernels.gemm_is_faster(16, n, k)
+        assert kernels.gemm_is_faster(17, n, k) and kernels.gemm_is_faster(32, n, k)
+    assert kernels.gemm_is_faster(16, 4096, 32768)  # no two-tile plan
     assert kernels.gemm_is_faster(64, 4096, 4096) and not kernels.gemm_is_faster(65, 4096, 4096)
-    assert kernels.gemm_is_faster(32, 4096, 14336) and not kernels.gemm_is_faster(33, 4096, 14336)
-    assert kernels.gemm_is_faster(17, 4096, 14336) and not kernels.gemm_is_faster(16, 4096, 14336)
-    assert kernels.gemm_is_faster(9, 896, 4864)  # K > N, but 4.4 M weights
+    assert not kernels.gemm_is_faster(33, 4096, 14336)
     assert kernels.gemm_is_faster(64, 14336, 4096)
     assert kernels.gemm_is_faster(64, 896, 4864)  # 4.4 M weights
     assert not kernels.gemm_is_faster(24, 4128, 4096) and not kernels.gemm_is_faster(24, 4096, 4160)

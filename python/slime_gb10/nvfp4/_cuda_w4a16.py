@@ -1,8 +1,9 @@
 """W4A16 GEMM for M <= 32 in CUDA C, compiled at run time with NVRTC (``torch.cuda._compile_kernel``).
 
-The automatic choice (``kernels.w4a16_matmul``) takes this weight-streaming kernel up to M = 8 (up to
-16 on large K > N layers); above, the GEMM-shaped kernel of :mod:`~slime_gb10.nvfp4._cuda_gemm` is
-faster on the bench layers (NOTES.md, session 7). Both are reachable with ``engine=``.
+The automatic choice (``kernels.w4a16_matmul``) takes this weight-streaming kernel up to M = 16
+(M = 9..16 only where N >= K or N >= 4096); above, and on the smaller K > N layers from M = 9, the
+GEMM-shaped kernel of :mod:`~slime_gb10.nvfp4._cuda_gemm` is faster (NOTES.md, sessions 7 and 10).
+Both are reachable with ``engine=``.
 
 Why not Triton here: the Triton kernel (``_triton_kernels.w4a16_kernel``) decodes as few instructions
 per weight as this one, but the K loop Triton generates around ``tl.dot`` stays latency bound (staged
@@ -26,6 +27,8 @@ best on an H100 (NOTES.md). This kernel controls the layout and the memory pipel
 * A block has 4, 8 or 16 warps (``WARPS``). For M <= 8 the plan prefers 8-16 warps on 16-64 rows
   (more loads in flight per SM from the first moment, fewer blocks staging the same activations):
   1.2-1.4x faster than 4-warp blocks at M = 1 on 4096 x 4096 and smaller layers (NOTES.md v15).
+  For M = 9..16, 8 warps on 32-256 rows: the 16 staged tokens are shared by more weight rows
+  (NOTES.md v16).
 * Split-K has two levels, both reduced in shared memory in a fixed order (deterministic, no global
   partials, no counters): ``WARPS / RW`` warps of a block share rows and split the block's K range, and
   ``CLUSTER`` blocks of a thread-block cluster (sm_90+) split K further; after a cluster barrier each
@@ -574,12 +577,13 @@ MAX_M = 32  # above, the activations staged per block outweigh the codes it stre
 def plan(M: int, N: int, K: int, sm_count: int) -> Plan | None:
     """The tiling for ``[M, K] x [N, K]^T``, or None where the kernel does not apply (M > 32,
     N % 32, K % 128, or nothing fits in shared memory): for M <= 8 the wide-block tiling
-    (:func:`wide_block_plan`) where it is valid and fits in 64 KB of shared memory, else the
-    four-warp one (:func:`four_warp_plan`). Both are rules fitted to sweeps of every tiling on the
-    H100 (NOTES.md); GB10's 48 SMs are not measured."""
+    (:func:`wide_block_plan`), for M = 9..16 the two-tile one (:func:`two_tile_plan`), where it is
+    valid and fits in 64 KB of shared memory; else the four-warp one (:func:`four_warp_plan`). All
+    are rules fitted to sweeps of every tiling on the H100 (NOTES.md); GB10's 48 SMs are not
+    measured."""
     if not 0 < M <= MAX_M or N % 32 or K % 128:
         return None
-    wide = wide_block_plan(M, N, K, sm_count)
+    wide = wide_block_plan(M, N, K, sm_count) if M <= 8 else two_tile_plan(M, N, K, sm_count)
     if wide is not None and valid(wide, M, N, K) and shared_bytes(wide, M, K) <= 64 * 1024:
         return wide
     return four_warp_plan(M, N, K, sm_count)
@@ -664,6 +668,48 @@ def wide_block_plan(M: int, N: int, K: int, sm_count: int) -> Plan | None:
     most = (16 if depth == 2 else 32) // warps  # 128 or 64 registers a thread
     minb = max(1, min(max(-(-blocks // sm_count), 16 // warps), most))
     return Plan(1, cluster, rw, depth, rows=rows, minb=minb, warps=warps)
+
+
+TWO_TILE_MAX_K = 16384  # two_tile_plan's largest K: 8 blocks of a cluster, each staging 64 KB
+
+
+def two_tile_plan(M: int, N: int, K: int, sm_count: int) -> Plan | None:
+    """The M = 9..16 tiling (two 8-token tiles) of 8 warps on 32-256 rows per block (session 10
+    sweep of 544 tilings on 16 layers, NOTES.md), or None.
+
+    Every block stages the 16 tokens of its K range in shared memory and streams the codes of its
+    rows against them: a block of R rows stages ``32 K`` bytes per ``R K / 2`` bytes of codes, 1.8x
+    the codes at 32 rows and 0.44x at 128. The four-warp tiling (32 rows) moved more activations
+    than weights at M = 16; blocks of many row sets share one staging.
+
+    * Cluster: the fewest blocks (1, 2, 4 or 8) that split K so a block stages at most 64 KB
+      (``K / cluster <= 2048``); more blocks than that only add DSMEM reduction work (2048 x 2048:
+      1.09x, 4096 x 4096: 1.23x slower with the cluster doubled). None where K > 16384.
+    * Rows per block: the most of 256, 128 and 64 that still give a grid of at least 0.7 x SMs
+      blocks (1.5 x SMs for 256), each warp at least one 128-wide segment; else 32. Warps own 16
+      rows (32 in 256-row blocks): ``rw`` row sets of ``8 // rw`` K-warps, 8 warps a block.
+    * The codes stream through registers: two 128-wide segments deep where a warp has at most 8 of
+      them, else one 256-wide segment (``loads=2``; two deep if K % 256); registers capped for two
+      blocks an SM (128 a thread).
+    """
+    if not 8 < M <= 16 or N % 32 or K % 128 or K > TWO_TILE_MAX_K:
+        return None
+    segments = K // 128
+    cluster = 1
+    while K // cluster > 2048:
+        cluster *= 2
+    block_rows = 32
+    for rows in (256, 128, 64):
+        row_sets = rows // (32 if rows > 128 else 16)
+        enough = (1.5 if rows == 256 else 0.7) * sm_count
+        if N % rows == 0 and segments >= cluster * max(1, 8 // row_sets) and N // rows * cluster >= enough:
+            block_rows = rows
+            break
+    rows = 32 if block_rows > 128 else 16
+    rw = block_rows // rows
+    warp_segments = -(-segments // (cluster * (8 // rw)))
+    depth, loads = (2, 1) if warp_segments <= 8 or K % 256 else (1, 2)
+    return Plan(2, cluster, rw, depth, rows=rows, loads=loads, minb=2, warps=8)
 
 
 def _widest_window(p: Plan, M: int, N: int, K: int) -> Plan | None:

@@ -404,13 +404,21 @@ GEMM_MAX_M = 64  # its last M ahead of the other kernels (H100; NOTES.md)
 
 def gemm_is_faster(M: int, N: int, K: int) -> bool:
     """Whether the CUDA GEMM kernel (:mod:`~slime_gb10.nvfp4._cuda_gemm`) is the fused kernel to
-    take, where the CUDA kernels run: M = 9..64 on shapes it tiles (N % 64, K % 128), but on layers
-    with K > N of >= 2**24 weights only M = 17..32 (H100, 4096 x 14336: at M = 12-16 the
-    weight-streaming kernel leads, 1.43-1.48x of BF16 against 1.37-1.39x; at M = 40-64 the wide
-    kernel's split-K, 1.01-1.02x against 0.82-0.85x)."""
+    take, where the CUDA kernels run, on shapes it tiles (N % 64, K % 128), H100 sweeps (NOTES.md):
+
+    * M = 9..16 only on layers with N < K and N < 4096 (896 x 4864, 1024 x 4096: 12-17% ahead) and
+      where K > 16384; elsewhere the weight-streaming kernel's two-tile plan leads (4096 x 11008:
+      1.3x of BF16 against 0.93x; 2048 x 2048, 4096 x 1024, 5120 x 5120: 1.0-1.2x against 0.8-1.0x)
+      or ties (3072 x 3072, 4096 x 14336), except 8192 x 8192 (5% behind);
+    * M = 17..32 everywhere;
+    * M = 33..64 except on layers with K > N of >= 2**24 weights (4096 x 14336 at M = 40-64: the
+      wide kernel's split-K, 1.01-1.02x of BF16 against 0.82-0.85x).
+    """
     if not GEMM_MIN_M < M <= GEMM_MAX_M or N % 64 or K % 128:
         return False
-    return 16 < M <= 32 or N >= K or N * K < WIDE_MIN_PARAMS
+    if M <= 16:
+        return (N < K and N < 4096) or K > _cuda_w4a16.TWO_TILE_MAX_K
+    return M <= 32 or N >= K or N * K < WIDE_MIN_PARAMS
 
 
 WGMMA_MIN_M = 32  # the wgmma kernel from M = 33 (below, the CUDA GEMM and weight-streaming kernels lead)
