@@ -16,20 +16,20 @@ byte per 16 weights (:func:`prepare_w4a16`, once per weight); an inline-PTX deco
 into a BF16x2 register in five instructions, exactly (``e2m1 * s * 2**-7``), and feeds BF16 tensor-core
 MMAs (Hopper has no FP4 MMA); the global scale multiplies the FP32 result. Two kernels share the
 decoder: a CUDA one compiled at run time with NVRTC (:mod:`~slime_gb10.nvfp4._cuda_w4a16`, M <= 32,
-taken up to M = 8: weights as the MMA's A operand, a cp.async ring, split-K reduced in a thread-block
-cluster) and a Triton one (``tl.dot``, any M; split-K fills the GPU when M is small). Three more decode
+taken up to M = 8, and at M = 9..16 where N >= K or N >= 4096: weights as the MMA's A operand, a
+register or cp.async ring, split-K reduced in a thread-block cluster) and a Triton one (``tl.dot``, any M; split-K fills the GPU when M is small). Three more decode
 in natural k order (a byte's two codes are one BF16x2 register): the CUDA GEMM kernel
-(:mod:`~slime_gb10.nvfp4._cuda_gemm`, ``mma.sync``, taken at M = 9..64 (17..32 on large K > N
-layers; on sm_90 up to 32): activations by ``ldmatrix`` through a cp.async pipeline, split-K in a
+(:mod:`~slime_gb10.nvfp4._cuda_gemm`, ``mma.sync``, taken at M = 17..64 (17..32 on large K > N
+layers; on sm_90 up to 32) and at M = 9..16 on K > N layers with N < 4096): activations by ``ldmatrix`` through a cp.async pipeline, split-K in a
 cluster), the wgmma kernel (:mod:`~slime_gb10.nvfp4._cuda_wgmma`, sm_90 only, taken at
 M = 33..1024: decoded weights as the register A operand of Hopper's asynchronous warpgroup MMA,
 activations in its 128-byte swizzle, the decode of the next steps overlapping the MMAs in flight)
 and the "wide" Triton kernel, which keeps the weights in registers as the MMA's A operand (``wgmma``
 on sm_90; taken where the CUDA kernels do not run). Measured on an H100 (BENCHMARKS.md, NOTES.md):
-about 2x of BF16 cuBLAS at M <= 4, 1.3-1.6x at M = 16, 1.09-1.60x at M = 32, 1.08-1.49x at M = 64,
-0.88-1.24x at M = 128 and 0.78-0.92x at M = 256 on 4096-14336 wide layers (the format allows ~3.5x);
+about 2x of BF16 cuBLAS at M <= 4, 1.3-1.7x at M = 16, 1.09-1.61x at M = 32, 1.05-1.44x at M = 64,
+0.90-1.19x at M = 128 and 0.72-0.90x at M = 256 on 4096-14336 wide layers (the format allows ~3.5x);
 above the wgmma kernel's range :func:`w4a16_linear` dequantizes and calls cuBLAS instead
-(0.69-0.97x of BF16).
+(0.72-0.87x of BF16).
 """
 
 from __future__ import annotations
