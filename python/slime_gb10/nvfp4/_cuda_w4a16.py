@@ -678,8 +678,8 @@ def two_tile_plan(M: int, N: int, K: int, sm_count: int) -> Plan | None:
     sweep of 544 tilings on 16 layers, NOTES.md), or None.
 
     Every block stages the 16 tokens of its K range in shared memory and streams the codes of its
-    rows against them: a block of R rows stages ``32 K`` bytes per ``R K / 2`` bytes of codes, 1.8x
-    the codes at 32 rows and 0.44x at 128. The four-warp tiling (32 rows) moved more activations
+    rows against them: a block of R rows stages ``32 K`` bytes per ``R K / 2`` bytes of codes, twice
+    the codes at 32 rows and half at 128. The four-warp tiling (32 rows) moved more activations
     than weights at M = 16; blocks of many row sets share one staging.
 
     * Cluster: the fewest blocks (1, 2, 4 or 8) that split K so a block stages at most 64 KB

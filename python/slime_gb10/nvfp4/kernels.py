@@ -17,11 +17,12 @@ into a BF16x2 register in five instructions, exactly (``e2m1 * s * 2**-7``), and
 MMAs (Hopper has no FP4 MMA); the global scale multiplies the FP32 result. Two kernels share the
 decoder: a CUDA one compiled at run time with NVRTC (:mod:`~slime_gb10.nvfp4._cuda_w4a16`, M <= 32,
 taken up to M = 8, and at M = 9..16 where N >= K or N >= 4096: weights as the MMA's A operand, a
-register or cp.async ring, split-K reduced in a thread-block cluster) and a Triton one (``tl.dot``, any M; split-K fills the GPU when M is small). Three more decode
-in natural k order (a byte's two codes are one BF16x2 register): the CUDA GEMM kernel
-(:mod:`~slime_gb10.nvfp4._cuda_gemm`, ``mma.sync``, taken at M = 17..64 (17..32 on large K > N
-layers; on sm_90 up to 32) and at M = 9..16 on K > N layers with N < 4096): activations by ``ldmatrix`` through a cp.async pipeline, split-K in a
-cluster), the wgmma kernel (:mod:`~slime_gb10.nvfp4._cuda_wgmma`, sm_90 only, taken at
+register or cp.async ring, split-K reduced in a thread-block cluster) and a Triton one (``tl.dot``,
+any M; split-K fills the GPU when M is small). Three more decode in natural k order (a byte's two
+codes are one BF16x2 register): the CUDA GEMM kernel (:mod:`~slime_gb10.nvfp4._cuda_gemm`,
+``mma.sync``, taken at M = 17..64 (17..32 on large K > N layers; on sm_90 up to 32) and at
+M = 9..16 on K > N layers with N < 4096: activations by ``ldmatrix`` through a cp.async pipeline,
+split-K in a cluster), the wgmma kernel (:mod:`~slime_gb10.nvfp4._cuda_wgmma`, sm_90 only, taken at
 M = 33..1024: decoded weights as the register A operand of Hopper's asynchronous warpgroup MMA,
 activations in its 128-byte swizzle, the decode of the next steps overlapping the MMAs in flight)
 and the "wide" Triton kernel, which keeps the weights in registers as the MMA's A operand (``wgmma``
@@ -406,10 +407,14 @@ def gemm_is_faster(M: int, N: int, K: int) -> bool:
     """Whether the CUDA GEMM kernel (:mod:`~slime_gb10.nvfp4._cuda_gemm`) is the fused kernel to
     take, where the CUDA kernels run, on shapes it tiles (N % 64, K % 128), H100 sweeps (NOTES.md):
 
-    * M = 9..16 only on layers with N < K and N < 4096 (896 x 4864, 1024 x 4096: 12-17% ahead) and
-      where K > 16384; elsewhere the weight-streaming kernel's two-tile plan leads (4096 x 11008:
-      1.3x of BF16 against 0.93x; 2048 x 2048, 4096 x 1024, 5120 x 5120: 1.0-1.2x against 0.8-1.0x)
-      or ties (3072 x 3072, 4096 x 14336), except 8192 x 8192 (5% behind);
+    * M = 9..16 only on layers with N < K and N < 4096 (896 x 4864, 1024 x 4096: 11-17% ahead of
+      the weight-streaming kernel's two-tile plan) and where K > 16384 (no two-tile plan). Elsewhere
+      the two-tile plan: faster than this kernel on 7 layers with N >= K (about 1.2x on 2048 x 2048,
+      4096 x 1024, 5120 x 5120 and 27648 x 5120; 1.04-1.1x on 14336 x 4096, 11008 x 4096 and
+      8960 x 1536), level on 4096 x 4096 and 3072 x 3072, 2-7% slower on 8192 x 8192. On the K > N
+      layers with N = 4096 it is 8% faster on 4096 x 14336 but 5-10% slower on 4096 x 11008 (no
+      rule found that separates them; it is level with the four-warp plan both had before, on
+      4096 x 14336, and 1.3-1.4x faster on 4096 x 11008);
     * M = 17..32 everywhere;
     * M = 33..64 except on layers with K > N of >= 2**24 weights (4096 x 14336 at M = 40-64: the
       wide kernel's split-K, 1.01-1.02x of BF16 against 0.82-0.85x).
