@@ -120,8 +120,8 @@ def test_cuda_kernel_two_tile_plan():
     2560 > 2048 -> cluster 4; 256 rows: 108 x 4 = 432 >= 198 -> 8 row sets of 32 rows, 10 segments
     -> 256 wide. 896 x 4864: cluster 4; 896 % 256, 28 and 56 blocks -> 32 rows (2 row sets, 4
     K-warps), ceil(38 / 16) = 3 segments -> two deep. 14336 x 4224 (33 segments): cluster 4, 256
-    rows (56 x 4 = 224 >= 198 blocks), 9 segments a warp but K % 256 -> two deep, 128 wide. GB10's 48 SMs: 4096 x 4096 gets 128
-    rows (64 >= 33.6 blocks)."""
+    rows (56 x 4 = 224 >= 198 blocks), 9 segments a warp but K % 256 -> two deep, 128 wide. GB10's
+    48 SMs: 4096 x 4096 gets 128 rows (64 >= 33.6 blocks)."""
     from slime_gb10.nvfp4 import _cuda_w4a16 as cuda
 
     def two(cluster, rw, depth, rows, loads):
