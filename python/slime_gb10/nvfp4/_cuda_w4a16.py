@@ -122,10 +122,6 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_addr(dst)), "l"(src) : "memory");
 }
 
-__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(smem_addr(dst)), "l"(src) : "memory");
-}
-
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
 template <int N>
@@ -184,6 +180,19 @@ __device__ __forceinline__ void load_segment(Segment& seg, const unsigned char* 
 // (the aligned 4 bytes that hold the lane's two codes). Every lane copies and reads only its own bytes.
 #define SLOT_BYTES (RG * LOADS * 32 * 20)
 
+// The ring's copies ask the L2 for the whole 128-byte line (`.L2::128B`): a segment is 64 bytes of
+// codes and 8 of scale codes per row, so the rest of the line is the row's next segments, fetched
+// in the same DRAM access. H100 (session 11, NOTES.md v17): 0.87-0.94x of the time where large
+// layers take the ring (27648 x 5120 at M = 1..4, 4096 x 11008 at M = 8), within 3% either way on
+// the other ring tilings measured (7 layers, M = 1..32); `.L2::256B` was slower.
+__device__ __forceinline__ void cp_async16_line(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;" :: "r"(smem_addr(dst)), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void cp_async4_line(void* dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global.L2::128B [%0], [%1], 4;" :: "r"(smem_addr(dst)), "l"(src) : "memory");
+}
+
 __device__ __forceinline__ void issue_segment(unsigned char* slot, const unsigned char* crow, const unsigned char* srow,
                                               size_t crow_step, size_t srow_step, int s, int lane, int i) {
 #pragma unroll
@@ -191,8 +200,8 @@ __device__ __forceinline__ void issue_segment(unsigned char* slot, const unsigne
 #pragma unroll
         for (int t = 0; t < LOADS; ++t) {
             const int q = (rg * LOADS + t) * 32 + lane;
-            cp_async16(slot + 16 * q, crow + rg * crow_step + (s * LOADS + t) * 64);
-            cp_async4(slot + RG * LOADS * 32 * 16 + 4 * q, srow - 2 * i + rg * srow_step + (s * LOADS + t) * 8 + 4 * (i >> 1));
+            cp_async16_line(slot + 16 * q, crow + rg * crow_step + (s * LOADS + t) * 64);
+            cp_async4_line(slot + RG * LOADS * 32 * 16 + 4 * q, srow - 2 * i + rg * srow_step + (s * LOADS + t) * 8 + 4 * (i >> 1));
         }
 }
 
