@@ -4,7 +4,7 @@ then a timing sweep of all valid tilings against BF16 cuBLAS (CUDA graphs, weigh
 through more than L2), marking the one `plan` picks. Writes the sweep as JSON to argv[1] if given.
 
     python3 benchmarks/nvfp4/check_cuda_w4a16.py [sweep.json [M,M,...]]   (timed M: 1,4,16 by default)
-    ncu ... python3 benchmarks/nvfp4/check_cuda_w4a16.py profile M N K nt cluster rw depth rows loads stages minb window
+    ncu ... python3 benchmarks/nvfp4/check_cuda_w4a16.py profile M N K nt cluster rw depth rows loads stages minb window [warps line]
 
 The second form runs one tiling and BF16 cuBLAS four times each on that shape, for ``ncu``."""
 
@@ -77,6 +77,12 @@ ALL = (
             (64, 128),
         )
         if warps > 4 or (rows, loads) == (16, 1)
+    ]
+    + [  # the cp.async ring fetching whole 128-byte lines into the L2 (session 11, Plan.line)
+        cuda.Plan(nt, c, rw, 1, rows, loads, 3, 4, line=True)
+        for nt, c, rw, (rows, loads) in itertools.product(
+            (1, 2), (1, 2, 4, 8), (4, 2, 1), ((32, 1), (16, 2), (32, 2))
+        )
     ]
     + [  # two-tile plans (session 10, M = 9..16): 8 warps in 4 or 8 row sets
         cuda.Plan(2, c, rw, depth, rows, loads, 0, 2, 0, 8)

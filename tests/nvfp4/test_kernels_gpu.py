@@ -397,8 +397,9 @@ def test_cuda_w4a16_matches_reference_with_poisoned_output(kernels, M, N, K, bia
     """Every pipeline and split of the CUDA kernel against float64: the plan's choice (for 132 and
     48 SMs), blocks of 8 and 16 warps (up to 8 row sets of 16 or 32 rows), and tilings
     with clusters of 1 and 8, 1 and 4 row-warps per block, 16-row warps with 256-wide segments, and
-    both the cp.async ring and the register ring (M <= 16), or activations staged in windows of 1 and
-    2 segments and all at once (M = 17..32); outputs start as NaN, so a missed element fails."""
+    both the cp.async ring (with and without whole L2 lines) and the register ring (M <= 16), or
+    activations staged in windows of 1 and 2 segments and all at once (M = 17..32); outputs start as
+    NaN, so a missed element fails."""
     cuda = _cuda_engine()
     x, b, p, expected = _w4a16_problem(kernels, M, N, K, bias)
     nt = -(-M // 8)
@@ -415,6 +416,9 @@ def test_cuda_w4a16_matches_reference_with_poisoned_output(kernels, M, N, K, bia
         # M = 9..16 plans: 8 row sets of 16 rows (one K-warp each, 256-wide segments) or of 32 rows
         cuda.Plan(nt, 2, 8, 1, rows=16, loads=2, minb=2, warps=8),
         cuda.Plan(nt, 4, 8, 2, rows=32, minb=2, warps=8),
+        # the cp.async ring fetching whole 128-byte lines into the L2 (Plan.line), staged once or in windows
+        cuda.Plan(nt, 1, 4, 1, stages=3, minb=4, line=True),
+        cuda.Plan(nt, 2, 1, 1, stages=3, window=1, warps=8, line=True),
     ]
     candidates = (
         [cuda.plan(M, N, K, 132), cuda.plan(M, N, K, 48)]

@@ -160,23 +160,26 @@ def test_cuda_kernel_plan():
     not fit), hand-derived. K is split into the power of two nearest to
     ``log2(8 * SMs * 32 / N)`` parts (cluster x K-warps), smallest cluster first: 14336 rows on 132 SMs
     -> 2.36 -> 2 parts -> 1 block x 2 K-warps (rw 2); 4096 rows -> 8.25 -> 8 -> cluster 2 x 4 K-warps;
-    896 rows -> 37.7 -> 32 -> cluster 8 x 4; 48 SMs, 4096 rows -> 3 -> 4 (log distance 0.42 < 0.58)."""
+    896 rows -> 37.7 -> 32 -> cluster 8 x 4; 48 SMs, 4096 rows -> 3 -> 4 (log distance 0.42 < 0.58).
+    ``line`` (whole 128-byte lines into the L2) where a warp of the ring streams >= 8 segments with
+    its activations staged once: 32 segments / 2 parts = 16 yes, / 8 parts = 4 no, 38 / 32 = 2 no,
+    32 / 4 = 8 yes, 112 / 8 = 14 yes."""
     from slime_gb10.nvfp4 import _cuda_w4a16 as cuda
 
-    def ring(nt, cluster, rw):  # the cp.async pipeline the rules prefer
-        return cuda.Plan(nt, cluster, rw, 1, stages=3, minb=4)
+    def ring(nt, cluster, rw, line):  # the cp.async pipeline the rules prefer
+        return cuda.Plan(nt, cluster, rw, 1, stages=3, minb=4, line=line)
 
-    assert cuda.four_warp_plan(1, 14336, 4096, 132) == ring(1, 1, 2)
-    assert cuda.four_warp_plan(4, 4096, 4096, 132) == ring(1, 2, 1)
-    assert cuda.four_warp_plan(1, 896, 4864, 132) == ring(1, 8, 1)
-    assert cuda.four_warp_plan(4, 4096, 4096, 48) == ring(1, 1, 1)
+    assert cuda.four_warp_plan(1, 14336, 4096, 132) == ring(1, 1, 2, True)
+    assert cuda.four_warp_plan(4, 4096, 4096, 132) == ring(1, 2, 1, False)
+    assert cuda.four_warp_plan(1, 896, 4864, 132) == ring(1, 8, 1, False)
+    assert cuda.four_warp_plan(4, 4096, 4096, 48) == ring(1, 1, 1, True)
     # at M = 8 the same 4 parts: cluster 1 would stage 32 segments x 2 KB (+ 30 KB ring = 94 KB), so
     # cluster 2 x 2 K-warps (16 x 2 + 30 = 62 KB), see below
-    assert cuda.four_warp_plan(8, 4096, 4096, 48) == ring(1, 2, 2)
+    assert cuda.four_warp_plan(8, 4096, 4096, 48) == ring(1, 2, 2, True)
     # M = 16, K = 14336, 8 parts: cluster 2 or 4 would stage 229 or 114 KB of activations; cluster 8
     # stages 57 KB, plus a 30 KB ring is over 64 KB, so the codes go through registers (256 wide)
     assert cuda.four_warp_plan(16, 4096, 14336, 132) == cuda.Plan(2, 8, 4, 2, rows=32, loads=2)
-    # M = 17..32: the cp.async ring and the widest activation window within 96 KB. 4096 rows: 8 parts
+    # M = 17..32: the cp.async ring and the widest activation window within 96 KB (no lines: windows). 4096 rows: 8 parts
     # -> 4 segments per warp; a segment of 4 K-warps x 256 B x 8 tokens x 4 tiles is 32 KB, so with the
     # 30 KB ring a window of 2 (94 KB); 14336 rows: 2 K-warps -> 16 KB a segment, window 4; 896 rows
     # at M = 20: 32 parts -> 2 segments of 24 KB, all staged at once (window 0)
@@ -188,11 +191,15 @@ def test_cuda_kernel_plan():
     # 28 x 2 KB + 30 KB ring = 86 KB, cluster 8 14 x 2 KB + 30 KB = 58 KB; 14336 x 4096, 2 parts:
     # cluster 1 (2 K-warps) 64 + 30 KB, cluster 2 (4 row warps, 1 K-warp) 32 + 30 KB; 4096 x 4096
     # keeps cluster 2 (16 x 2 + 30 = 62 KB); M = 4 stores 4 tokens and keeps the old order.
-    assert cuda.four_warp_plan(8, 4096, 14336, 132) == ring(1, 8, 4)
-    assert cuda.four_warp_plan(5, 4096, 14336, 132) == ring(1, 8, 4)
-    assert cuda.four_warp_plan(8, 14336, 4096, 132) == ring(1, 2, 4)
-    assert cuda.four_warp_plan(8, 4096, 4096, 132) == ring(1, 2, 1)
-    assert cuda.four_warp_plan(4, 4096, 14336, 132) == ring(1, 2, 1)
+    assert cuda.four_warp_plan(8, 4096, 14336, 132) == ring(1, 8, 4, True)
+    assert cuda.four_warp_plan(5, 4096, 14336, 132) == ring(1, 8, 4, True)
+    assert cuda.four_warp_plan(8, 14336, 4096, 132) == ring(1, 2, 4, True)
+    assert cuda.four_warp_plan(8, 4096, 4096, 132) == ring(1, 2, 1, False)
+    assert cuda.four_warp_plan(4, 4096, 14336, 132) == ring(1, 2, 1, True)  # 112 / 8 = 14
+    # the field reaches the ring's copies in the source, and only there
+    assert '#define RING_L2 ".L2::128B"' in cuda._source(ring(1, 1, 2, True))
+    assert '#define RING_L2 ""' in cuda._source(ring(1, 2, 1, False))
+    assert cuda._source(ring(1, 1, 2, True)).count('shared.global" RING_L2 " [') == 2
     assert cuda.four_warp_plan(33, 4096, 4096, 132) is None
     assert cuda.four_warp_plan(1, 4100, 4096, 132) is None  # N not a multiple of 32
     assert cuda.four_warp_plan(1, 4096, 4000, 132) is None  # K not a multiple of 128

@@ -68,7 +68,8 @@ class Plan(NamedTuple):
     the cp.async ring (0: a register ring of ``depth``); ``minb``: blocks per SM the registers are
     capped for; ``window``: segments per K-warp whose activations are staged at a time (0: all of
     them, once; the cp.async ring restages every ``window`` segments); ``warps``: warps per block
-    (4, 8 or 16; ``warps // rw`` of them split the K range of each row set).
+    (4, 8 or 16; ``warps // rw`` of them split the K range of each row set); ``line``: the cp.async
+    ring's copies fetch whole 128-byte lines into the L2 (``.L2::128B``, see :func:`four_warp_plan`).
     """
 
     nt: int
@@ -81,6 +82,7 @@ class Plan(NamedTuple):
     minb: int = 1
     window: int = 0
     warps: int = 4
+    line: bool = False
 
 
 #: Device code shared by the NVRTC kernels (``w4a16_small`` here, ``w4a16_gemm`` in
@@ -139,6 +141,7 @@ def _source(p: Plan) -> str:
         f"#define NT {p.nt}\n#define CLUSTER {p.cluster}\n#define RW {p.rw}\n#define DEPTH {p.depth}\n"
         f"#define ROWS {p.rows}\n#define LOADS {p.loads}\n#define STAGES {p.stages}\n#define MINB {p.minb}\n"
         f"#define CLUSTER_ATTR {cluster_attr}\n#define WINDOWED {int(p.window > 0)}\n#define WARPS {p.warps}\n"
+        f'#define RING_L2 "{".L2::128B" if p.line else ""}"\n'
         + r"""
 #define KW (WARPS / RW)
 #define THREADS (32 * WARPS)
@@ -180,17 +183,14 @@ __device__ __forceinline__ void load_segment(Segment& seg, const unsigned char* 
 // (the aligned 4 bytes that hold the lane's two codes). Every lane copies and reads only its own bytes.
 #define SLOT_BYTES (RG * LOADS * 32 * 20)
 
-// The ring's copies ask the L2 for the whole 128-byte line (`.L2::128B`): a segment is 64 bytes of
-// codes and 8 of scale codes per row, so the rest of the line is the row's next segments, fetched
-// in the same DRAM access. H100 (session 11, NOTES.md v17): 0.87-0.94x of the time where large
-// layers take the ring (27648 x 5120 at M = 1..4, 4096 x 11008 at M = 8), within 3% either way on
-// the other ring tilings measured (7 layers, M = 1..32); `.L2::256B` was slower.
-__device__ __forceinline__ void cp_async16_line(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;" :: "r"(smem_addr(dst)), "l"(src) : "memory");
+// RING_L2 is ".L2::128B" where the plan asks for whole lines (Plan.line): a segment is 64 bytes of
+// codes and 8 of scale codes per row, so the rest of the line is the row's next segments.
+__device__ __forceinline__ void cp_async16_ring(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global" RING_L2 " [%0], [%1], 16;" :: "r"(smem_addr(dst)), "l"(src) : "memory");
 }
 
-__device__ __forceinline__ void cp_async4_line(void* dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global.L2::128B [%0], [%1], 4;" :: "r"(smem_addr(dst)), "l"(src) : "memory");
+__device__ __forceinline__ void cp_async4_ring(void* dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global" RING_L2 " [%0], [%1], 4;" :: "r"(smem_addr(dst)), "l"(src) : "memory");
 }
 
 __device__ __forceinline__ void issue_segment(unsigned char* slot, const unsigned char* crow, const unsigned char* srow,
@@ -200,8 +200,8 @@ __device__ __forceinline__ void issue_segment(unsigned char* slot, const unsigne
 #pragma unroll
         for (int t = 0; t < LOADS; ++t) {
             const int q = (rg * LOADS + t) * 32 + lane;
-            cp_async16_line(slot + 16 * q, crow + rg * crow_step + (s * LOADS + t) * 64);
-            cp_async4_line(slot + RG * LOADS * 32 * 16 + 4 * q, srow - 2 * i + rg * srow_step + (s * LOADS + t) * 8 + 4 * (i >> 1));
+            cp_async16_ring(slot + 16 * q, crow + rg * crow_step + (s * LOADS + t) * 64);
+            cp_async4_ring(slot + RG * LOADS * 32 * 16 + 4 * q, srow - 2 * i + rg * srow_step + (s * LOADS + t) * 8 + 4 * (i >> 1));
         }
 }
 
@@ -610,7 +610,13 @@ def four_warp_plan(M: int, N: int, K: int, sm_count: int) -> Plan | None:
       the ring would take the block over 64 KB (the activations of 16 tokens are large: one block
       per SM), or nothing else fits; then through registers, two 256-wide segments deep;
     * M = 17..32: the cp.async ring, and the activations staged in the largest window that fits
-      (every window costs the block a barrier and a wait on its loads).
+      (every window costs the block a barrier and a wait on its loads);
+    * ``line``: the ring's copies fetch whole 128-byte lines into the L2 where a warp streams at
+      least 8 segments and the activations are staged once: the rest of the line is then the warp's
+      own next segment. H100, session 11 (NOTES.md v17), against the same tilings without it:
+      0.87x of the time on 27648 x 5120 at M = 1..4 (40 segments a warp), 0.95x on 4096 x 11008 at
+      M = 8 (11), 1.01x on 4096 x 14336 at M = 8 (14); with 3-5 segments a warp it cost 2-7%
+      (8960 x 1536, 5120 x 5120, 1536 x 8960 at M = 1..8), with windows 0.98-1.03x.
     """
     if not 0 < M <= MAX_M or N % 32 or K % 128:
         return None
@@ -631,7 +637,10 @@ def four_warp_plan(M: int, N: int, K: int, sm_count: int) -> Plan | None:
             key = (abs(math.log2(cluster * 4 // rw) - target), crowded, cluster)
             if best is None or key < best[0]:
                 best = (key, p)
-    return None if best is None else best[1]
+    if best is None:
+        return None
+    p = best[1]
+    return p._replace(line=p.stages > 0 and not p.window and warp_segments(p, K) >= 8)
 
 
 def wide_block_plan(M: int, N: int, K: int, sm_count: int) -> Plan | None:
