@@ -15,7 +15,9 @@ best on an H100 (NOTES.md). This kernel controls the layout and the memory pipel
   MMA per tile. A warp owns 32 weight rows; lane ``(g, i)`` = ``(lane // 4, lane % 4)`` loads 16
   bytes of codes (32 codes) of rows g, g+8, g+16 and g+24 per 128-wide K segment.
 * The code loads of ``DEPTH`` segments are in flight per warp (a ring of registers, fully unrolled),
-  and the first ones are issued before the activations are staged, so the two latencies overlap.
+  or of ``STAGES - 1`` through a cp.async ring in shared memory, whose copies fetch whole 128-byte
+  L2 lines where a warp streams many segments (``Plan.line``, NOTES.md v17); the first ones are
+  issued before the activations are staged, so the two latencies overlap.
 * Each 32-bit word of codes becomes four BF16x2 registers with the inline-PTX pair decoder of the
   Triton kernel (codes ``j`` and ``j + 4`` share a register). K is permuted consistently: word ``j``
   of lane ``i`` holds real k ``32 i + 8 j + 0..7``, and the activations are written to shared memory
