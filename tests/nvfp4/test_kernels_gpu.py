@@ -396,7 +396,8 @@ def _cuda_engine():
 def test_cuda_w4a16_matches_reference_with_poisoned_output(kernels, M, N, K, bias):
     """Every pipeline and split of the CUDA kernel against float64: the plan's choice (for 132 and
     48 SMs), blocks of 8 and 16 warps (up to 8 row sets of 16 or 32 rows), and tilings
-    with clusters of 1 and 8, 1 and 4 row-warps per block, 16-row warps with 256-wide segments, and
+    with clusters of 1, 2, 4 and 8, 1, 2 and 4 row-warps per block (so partials both pushed to and
+    pulled by the summing block of a cluster), 16-row warps with 256-wide segments, and
     both the cp.async ring (with and without whole L2 lines) and the register ring (M <= 16), or
     activations staged in windows of 1 and 2 segments and all at once (M = 17..32); outputs start as
     NaN, so a missed element fails."""
@@ -425,7 +426,7 @@ def test_cuda_w4a16_matches_reference_with_poisoned_output(kernels, M, N, K, bia
         + wide_blocks
         + [
             cuda.Plan(nt, cluster, rw, *variant)
-            for cluster, rw in ((1, 4), (8, 1), (2, 2))
+            for cluster, rw in ((1, 4), (8, 1), (2, 2), (4, 4))
             for variant in variants
         ]
     )

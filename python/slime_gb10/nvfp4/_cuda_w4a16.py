@@ -33,8 +33,11 @@ best on an H100 (NOTES.md). This kernel controls the layout and the memory pipel
   (NOTES.md v16).
 * Split-K has two levels, both reduced in shared memory in a fixed order (deterministic, no global
   partials, no counters): ``WARPS / RW`` warps of a block share rows and split the block's K range, and
-  ``CLUSTER`` blocks of a thread-block cluster (sm_90+) split K further; after a cluster barrier each
-  block sums its share of the rows from all blocks' shared memory (DSMEM) and writes BF16 (+ bias).
+  ``CLUSTER`` blocks of a thread-block cluster (sm_90+) split K further; each block sums its share of
+  the rows and writes BF16 (+ bias). Blocks of 8-16 warps, or of one K-warp per row set, push their
+  partials into the summing block's shared memory (DSMEM stores, then one cluster barrier); 4-warp
+  blocks whose K-warps share rows keep theirs and the summing block pulls them (DSMEM loads between
+  two cluster barriers). Each was the faster on those tilings (NOTES.md v17).
 
 Rows of ``x`` beyond M are zeros in shared memory (never loaded from ``x``). Requires N % 32 == 0 and
 K % 128 == 0; :func:`plan` picks the tiling. Measured on the H100: BENCHMARKS.md.
@@ -118,8 +121,21 @@ __device__ __forceinline__ float ld_cluster(const float* p, u32 rank) {  // DSME
     return v;
 }
 
+__device__ __forceinline__ void st_cluster(float* p, u32 rank, float v) {  // DSMEM: block `rank`'s *p = v
+    u32 remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(remote), "f"(v) : "memory");
+}
+
+// The cluster barrier in its two halves (every thread alternates them): what a thread wrote before
+// its arrive is visible to every thread of the cluster after their wait.
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+
 __device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    cluster_arrive();
+    cluster_wait();
 }
 
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
@@ -146,6 +162,10 @@ def _source(p: Plan) -> str:
         f'#define RING_L2 "{".L2::128B" if p.line else ""}"\n'
         + r"""
 #define KW (WARPS / RW)
+/* split-K across the cluster: partials pushed to the summing block (DSMEM stores) or pulled by it
+   (DSMEM loads); pushing measured faster with 8-16 warps or one K-warp a row set, pulling with 4-warp
+   blocks whose K-warps share rows (H100, session 11, NOTES.md v17) */
+#define PUSH (WARPS >= 8 || KW == 1)
 #define THREADS (32 * WARPS)
 #define MT (ROWS / 16)  /* m16 tiles per warp */
 #define RG (ROWS / 8)   /* row groups of 8 per warp */
@@ -395,9 +415,42 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) CLUSTER_ATTR w4a16_s
 #endif
 #endif
 
-    // 4. split-K: partials [warp][32 rows][8 NT tokens] in shared memory (over the activations)
-    __syncthreads();
+    // 4. split-K: block `rank` sums rows [r0, r1) of the block's ROWS * RW over (cluster block,
+    //    K-warp), in that order, from partials in shared memory (over the activations)
+    const int rows = ROWS * RW, r0 = rank * rows / CLUSTER, r1 = (rank + 1) * rows / CLUSTER;
+    const float out_scale = gs[0] * 128.f;
     float* red = (float*)xs;
+#if CLUSTER > 1 && PUSH
+    // Each warp stores its partials straight into the shared memory of the block that sums them
+    // (DSMEM stores), at [source block][K-warp][row - r0][token]. The first barrier keeps those
+    // stores off activations still being read; after the second, every block sums from its own
+    // shared memory, and no block waits for the others' sums before it leaves.
+    const int share = rows / CLUSTER;
+    cluster_arrive();  // this thread is done with the activations
+    cluster_wait();
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < NT; ++h)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int row = rw * ROWS + 16 * mt + g + 8 * (c >> 1), tok = 8 * h + 2 * i + (c & 1);
+                if (tok < M)
+                    st_cluster(red + ((rank * KW + kw) * share + row % share) * RED_STRIDE + tok, row / share,
+                               acc[mt][h][c]);
+            }
+    cluster_sync();  // every partial has landed where it is summed
+    for (int e = tid; e < share * M; e += THREADS) {
+        const int row = e % share, tok = e / share;
+        const float* p = red + row * RED_STRIDE + tok;
+        float v = 0.f;
+#pragma unroll
+        for (int src = 0; src < CLUSTER * KW; ++src) v += p[src * share * RED_STRIDE];
+#else
+    // Partials [warp][row][token] in the block's own shared memory; with a cluster, each block then
+    // reads its rows' partials from all blocks (DSMEM loads), and a second cluster barrier keeps every
+    // block's shared memory alive until the others are done reading it.
+    __syncthreads();  // every warp is done with the activations
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -410,12 +463,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) CLUSTER_ATTR w4a16_s
 #else
     __syncthreads();
 #endif
-    // block `rank` sums rows [r0, r1) of the block's 32 RW over (cluster block, K warp), in that order
-    const int rows = ROWS * RW, r0 = rank * rows / CLUSTER, r1 = (rank + 1) * rows / CLUSTER;
-    const float out_scale = gs[0] * 128.f;
     for (int e = tid; e < (r1 - r0) * M; e += THREADS) {
-        const int row = r0 + e % (r1 - r0), tok = e / (r1 - r0);
-        const float* p = red + ((row / ROWS) * KW * ROWS + row % ROWS) * RED_STRIDE + tok;
+        const int row = e % (r1 - r0), tok = e / (r1 - r0);
+        const float* p = red + (((r0 + row) / ROWS) * KW * ROWS + (r0 + row) % ROWS) * RED_STRIDE + tok;
         float v = 0.f;
 #pragma unroll
         for (int src = 0; src < CLUSTER; ++src)
@@ -427,12 +477,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) CLUSTER_ATTR w4a16_s
                 v += p[k * ROWS * RED_STRIDE];
 #endif
             }
+#endif
         v *= out_scale;
-        const int n = blockIdx.x * rows + row;
+        const int n = blockIdx.x * rows + r0 + row;
         if (has_bias) v += __uint_as_float((u32)bias[n] << 16);
         out[(size_t)tok * N + n] = to_bf16(v);
     }
-#if CLUSTER > 1
+#if CLUSTER > 1 && !PUSH
     cluster_sync();  // no block leaves while another still reads its shared memory
 #endif
 }
