@@ -115,6 +115,9 @@ def _source(p: GemmPlan) -> str:
 #define X_OFFSET (CODE_BYTES + BN * 8)
 #define STAGE_BYTES (X_OFFSET + BM * 256)
 #define RED_STRIDE (BM + 1)  /* floats per row of the partials (+1: fewer bank conflicts) */
+/* split-K partials pushed to the summing block (DSMEM stores) on clusters of 2-4, pulled by it
+   (DSMEM loads) on clusters of 8, whose 8-row shares made the stores slower (H100, NOTES.md v17) */
+#define PUSH (CLUSTER > 1 && CLUSTER <= 4)
 
 // One step of 128 K into a stage: codes [BN rows][64 B], scale codes [BN][8 B], activations
 // [BM tokens][16 chunks of 16 B] with chunk c of token t at position c ^ (t & 7). Thread tid copies
@@ -247,10 +250,33 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) CLUSTER_ATTR w4a16_g
         fill = fill == STAGES - 1 ? 0 : fill + 1;
     }
     cp_async_wait<0>();
-    __syncthreads();
 
-    // split-K: partials [BN rows][BM tokens] in shared memory (over the stages)
+    // split-K: block `rank` sums rows [r0, r1) over the cluster's blocks, in rank order, from
+    // partials in shared memory (over the stages)
     float* red = (float*)smem;
+    const int r0 = rank * BN / CLUSTER, r1 = (rank + 1) * BN / CLUSTER, mloc = min(BM, M - m0);
+    const float out_scale = gs[0] * 128.f;
+#if PUSH
+    // pushed into the summing block's shared memory at [source block][row - r0][token] (DSMEM
+    // stores, as the weight-streaming kernel does): one barrier keeps them off stages still being
+    // read, the next makes them visible; then no block reads another's shared memory
+    cluster_sync();
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < NT; ++h)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int row = row0 + 16 * mt + g + 8 * (c >> 1), t = wt * 8 * NT + 8 * h + 2 * i + (c & 1);
+                if (t < mloc)
+                    st_cluster(red + (rank * (r1 - r0) + row % (r1 - r0)) * RED_STRIDE + t, row / (r1 - r0),
+                               acc[mt][h][c]);
+            }
+    cluster_sync();
+#else
+    // [row][token] in the block's own shared memory; with a cluster, the summing block pulls them
+    // (DSMEM loads) and a second barrier keeps every block's shared memory alive until then
+    __syncthreads();
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -260,17 +286,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) CLUSTER_ATTR w4a16_g
                 red[(row0 + 16 * mt + g + 8 * (c >> 1)) * RED_STRIDE + wt * 8 * NT + 8 * h + 2 * i + (c & 1)] =
                     acc[mt][h][c];
 #if CLUSTER > 1
-    cluster_sync();  // every block's partials are written and visible to the cluster
+    cluster_sync();
 #else
     __syncthreads();
 #endif
-    // block `rank` sums rows [r0, r1) over the cluster's blocks, in rank order
-    const int r0 = rank * BN / CLUSTER, r1 = (rank + 1) * BN / CLUSTER, mloc = min(BM, M - m0);
-    const float out_scale = gs[0] * 128.f;
+#endif
     for (int e = tid; e < (r1 - r0) * mloc; e += THREADS) {
-        const int row = r0 + e % (r1 - r0), t = e / (r1 - r0);
-        const float* p = red + row * RED_STRIDE + t;
+        const int row = e % (r1 - r0), t = e / (r1 - r0);
         float v = 0.f;
+#if PUSH
+        const float* p = red + row * RED_STRIDE + t;
+#pragma unroll
+        for (int src = 0; src < CLUSTER; ++src) v += p[src * (r1 - r0) * RED_STRIDE];
+#else
+        const float* p = red + (r0 + row) * RED_STRIDE + t;
 #pragma unroll
         for (int src = 0; src < CLUSTER; ++src) {
 #if CLUSTER > 1
@@ -279,12 +308,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) CLUSTER_ATTR w4a16_g
             v += *p;
 #endif
         }
+#endif
         v *= out_scale;
-        const size_t n = n0 + row;
+        const size_t n = n0 + r0 + row;
         if (has_bias) v += __uint_as_float((u32)bias[n] << 16);
         out[(size_t)(m0 + t) * N + n] = to_bf16(v);
     }
-#if CLUSTER > 1
+#if CLUSTER > 1 && !PUSH
     cluster_sync();  // no block leaves while another still reads its shared memory
 #endif
 }

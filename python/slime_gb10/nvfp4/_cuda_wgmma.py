@@ -95,6 +95,10 @@ def _source(p: WgmmaPlan) -> str:
 #define SCALE_OFFSET (CODE_OFFSET + BN * 64)
 #define STAGE_BYTES ((SCALE_OFFSET + BN * 8 + 1023) / 1024 * 1024)
 #define RED_STRIDE (BN + 4)  /* floats per token of the partials (+4: the lanes' stores hit 32 banks) */
+/* split-K partials pushed to the summing block (DSMEM stores) from blocks of up to 128 tokens,
+   pulled by it (DSMEM loads) from 256-token blocks, where the stores were 1-2% slower (H100,
+   NOTES.md v17) */
+#define PUSH (CLUSTER > 1 && BM <= 128)
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
@@ -256,35 +260,61 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) CLUSTER_ATTR w4a16_wgmm
 #pragma unroll
     for (int r = 0; r < BM / 2; ++r) fence_operand(acc[r]);
     cp_async_wait<0>();
-    __syncthreads();
 
-    // split-K: partials [BM tokens][BN rows] in shared memory (over the stages)
+    // split-K: block `rank` sums tokens [t0, t1) over the cluster's blocks, in rank order, from
+    // partials [token][row] in shared memory (over the stages)
     float* red = (float*)smem;
+    const int share = BM / CLUSTER, t0 = rank * share, t1 = min(t0 + share, M - m0);
+    const float out_scale = gs[0] * 128.f;
+#if PUSH
+    // pushed into the summing block's shared memory at [source block][token - t0][row] (DSMEM stores,
+    // as the weight-streaming kernel does): one barrier keeps them off stages still being read, the
+    // next makes them visible; then no block reads another's shared memory
+    cluster_sync();
 #pragma unroll
-    for (int r = 0; r < BM / 2; ++r)  // acc[4 h + c]: row + 8 (c / 2), token 8 h + 2 i + c % 2
+    for (int r = 0; r < BM / 2; ++r) {  // acc[4 h + c]: row + 8 (c / 2), token 8 h + 2 i + c % 2
+        const int t = 8 * (r >> 2) + 2 * i + (r & 1);
+        if (m0 + t < M)
+            st_cluster(red + (rank * share + t % share) * RED_STRIDE + row + 8 * ((r >> 1) & 1), t / share, acc[r]);
+    }
+    cluster_sync();
+#else
+    // in the block's own shared memory; with a cluster, the summing block pulls them (DSMEM loads)
+    // and a second barrier keeps every block's shared memory alive until then
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < BM / 2; ++r)
         red[(8 * (r >> 2) + 2 * i + (r & 1)) * RED_STRIDE + row + 8 * ((r >> 1) & 1)] = acc[r];
 #if CLUSTER > 1
-    cluster_sync();  // every block's partials are written and visible to the cluster
+    cluster_sync();
 #else
     __syncthreads();
 #endif
-    // block `rank` sums tokens [t0, t1) over the cluster's blocks, in rank order; two rows per thread
-    const int t0 = rank * BM / CLUSTER, t1 = min((rank + 1) * BM / CLUSTER, M - m0);
-    const float out_scale = gs[0] * 128.f;
+#endif
+    // two rows per thread
     for (int e = tid; e < (t1 - t0) * (BN / 2); e += THREADS) {
-        const int r2 = 2 * (e % (BN / 2)), t = t0 + e / (BN / 2);
-        const float* p = red + t * RED_STRIDE + r2;
+        const int r2 = 2 * (e % (BN / 2)), t = e / (BN / 2);
         float v0 = 0.f, v1 = 0.f;
+#if PUSH
+        const float* p = red + t * RED_STRIDE + r2;
 #pragma unroll
-        for (int src_rank = 0; src_rank < CLUSTER; ++src_rank) {
+        for (int src = 0; src < CLUSTER; ++src) {
+            v0 += p[src * share * RED_STRIDE];
+            v1 += p[src * share * RED_STRIDE + 1];
+        }
+#else
+        const float* p = red + (t0 + t) * RED_STRIDE + r2;
+#pragma unroll
+        for (int src = 0; src < CLUSTER; ++src) {
 #if CLUSTER > 1
-            v0 += ld_cluster(p, src_rank);
-            v1 += ld_cluster(p + 1, src_rank);
+            v0 += ld_cluster(p, src);
+            v1 += ld_cluster(p + 1, src);
 #else
             v0 += p[0];
             v1 += p[1];
 #endif
         }
+#endif
         v0 *= out_scale;
         v1 *= out_scale;
         const size_t n = n0 + r2;
@@ -292,9 +322,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) CLUSTER_ATTR w4a16_wgmm
             v0 += __uint_as_float((u32)bias[n] << 16);
             v1 += __uint_as_float((u32)bias[n + 1] << 16);
         }
-        *(u32*)(out + (size_t)(m0 + t) * N + n) = (u32)to_bf16(v0) | ((u32)to_bf16(v1) << 16);
+        *(u32*)(out + (size_t)(m0 + t0 + t) * N + n) = (u32)to_bf16(v0) | ((u32)to_bf16(v1) << 16);
     }
-#if CLUSTER > 1
+#if CLUSTER > 1 && !PUSH
     cluster_sync();  // no block leaves while another still reads its shared memory
 #endif
 }
