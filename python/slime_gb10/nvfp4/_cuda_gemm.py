@@ -19,7 +19,9 @@ ModelOpt's bytes as they are (no re-laid-out copy of the weights):
   ``mul.rn.bf16x2`` by the scale ``s * 2**119`` give ``e2m1 * s * 2**-7`` exactly (as the pair decoder
   of the other kernels); the FP32 result is multiplied by ``global_scale * 2**7``.
 * Split-K over a thread-block cluster (``CLUSTER`` blocks, sm_90+), reduced through DSMEM in a fixed
-  order (deterministic); each block writes its share of the rows as BF16 (+ bias).
+  order (deterministic): on clusters of 2-4 every block pushes its partials into the shared memory
+  of the block that sums them, on clusters of 8 the summing block pulls them (``PUSH``; NOTES.md
+  v17); each block writes its share of the rows as BF16 (+ bias).
 
 Tokens beyond M are zero-filled by cp.async (never read from ``x``). Requires whole blocks of rows
 (N % 64 for the tilings :func:`plan` picks), K % 128 == 0 and at least one 128-wide step per block of

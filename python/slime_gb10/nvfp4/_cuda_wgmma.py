@@ -20,8 +20,10 @@ et al., 2024), again with ModelOpt's bytes as they are:
   step used, while up to ``DEPTH - 1`` MMAs run.
 * A stage is refilled one stage after it was read: at the barrier that ends stage k + 1 every
   warpgroup has passed the ``wait_group`` that retired its last MMA on stage k (DEPTH <= 8).
-* Split-K over a thread-block cluster (``CLUSTER`` blocks), reduced in a fixed order through DSMEM;
-  block ``rank`` writes its share of the tokens as BF16 (+ bias), two rows per 4-byte store.
+* Split-K over a thread-block cluster (``CLUSTER`` blocks), reduced in a fixed order through DSMEM
+  (pushed into the summing block's shared memory from blocks of up to 128 tokens, pulled by it from
+  larger ones: ``PUSH``, NOTES.md v17); block ``rank`` writes its share of the tokens as BF16
+  (+ bias), two rows per 4-byte store.
 
 Tokens beyond M are zero-filled by cp.async. Requires N % (64 WG) == 0, K % 128 == 0, at least
 one 128-wide step per block of a cluster and an sm_90 device (``wgmma`` exists only on sm_90a:
