@@ -127,15 +127,8 @@ __device__ __forceinline__ void st_cluster(float* p, u32 rank, float v) {  // DS
     asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(remote), "f"(v) : "memory");
 }
 
-// The cluster barrier in its two halves (every thread alternates them): what a thread wrote before
-// its arrive is visible to every thread of the cluster after their wait.
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
-
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-
 __device__ __forceinline__ void cluster_sync() {
-    cluster_arrive();
-    cluster_wait();
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
@@ -426,8 +419,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) CLUSTER_ATTR w4a16_s
     // stores off activations still being read; after the second, every block sums from its own
     // shared memory, and no block waits for the others' sums before it leaves.
     const int share = rows / CLUSTER;
-    cluster_arrive();  // this thread is done with the activations
-    cluster_wait();
+    cluster_sync();  // every block of the cluster is done with its activations
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
