@@ -158,7 +158,7 @@ def _source(p: Plan) -> str:
 /* split-K across the cluster: partials pushed to the summing block (DSMEM stores) or pulled by it
    (DSMEM loads); pushing measured faster with 8-16 warps or one K-warp a row set, pulling with 4-warp
    blocks whose K-warps share rows (H100, session 11, NOTES.md v17) */
-#define PUSH (WARPS >= 8 || KW == 1)
+#define PUSH (CLUSTER > 1 && (WARPS >= 8 || KW == 1))
 #define THREADS (32 * WARPS)
 #define MT (ROWS / 16)  /* m16 tiles per warp */
 #define RG (ROWS / 8)   /* row groups of 8 per warp */
@@ -413,7 +413,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) CLUSTER_ATTR w4a16_s
     const int rows = ROWS * RW, r0 = rank * rows / CLUSTER, r1 = (rank + 1) * rows / CLUSTER;
     const float out_scale = gs[0] * 128.f;
     float* red = (float*)xs;
-#if CLUSTER > 1 && PUSH
+#if PUSH
     // Each warp stores its partials straight into the shared memory of the block that sums them
     // (DSMEM stores), at [source block][K-warp][row - r0][token]. The first barrier keeps those
     // stores off activations still being read; after the second, every block sums from its own
