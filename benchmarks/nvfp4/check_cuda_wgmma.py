@@ -4,7 +4,8 @@ not a multiple of the token tile, uneven K splits), then a timing sweep of the t
 cuBLAS, the mma.sync GEMM kernel's plan and what `w4a16_linear` does today (CUDA graphs, weight
 copies rotating through more than L2). Writes the sweep as JSON to argv[1] if given.
 
-    python3 benchmarks/nvfp4/check_cuda_wgmma.py [sweep.json [M,M,...]]   (timed M: 64,128,256,1024 by default)
+    python3 benchmarks/nvfp4/check_cuda_wgmma.py [sweep.json [M,M,...] [NxK,NxK,...]]
+    (timed M: 64,128,256,1024 and the benchmark's four layers by default)
 """
 
 import concurrent.futures
@@ -44,6 +45,11 @@ ALL = [
     if wgmma.shared_bytes(wgmma.WgmmaPlan(wg, bm, stages, cluster)) <= limit
 ]
 TIMED_M = [int(m) for m in sys.argv[2].split(",")] if len(sys.argv) > 2 else [64, 128, 256, 1024]
+TIMED_SHAPES = (
+    [tuple(int(v) for v in shape.split("x")) for shape in sys.argv[3].split(",")]
+    if len(sys.argv) > 3
+    else [(4096, 4096), (14336, 4096), (4096, 14336), (896, 4864)]
+)
 print(f"{len(ALL)} tilings, shared memory limit {limit}", flush=True)
 try:  # NVRTC releases the GIL: compile every tiling up front, on all cores
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
@@ -85,7 +91,7 @@ if bad:
     sys.exit(1)
 
 rows = []
-for n, k in [(4096, 4096), (14336, 4096), (4096, 14336), (896, 4864)]:
+for n, k in TIMED_SHAPES:
     qs, ps, ws = weight_copies(n, k)
     copies = len(ps)
     for m in TIMED_M:
@@ -101,16 +107,29 @@ for n, k in [(4096, 4096), (14336, 4096), (4096, 14336), (896, 4864)]:
             ],
             reps,
         )
-        outs = [torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _ in range(2)]
-        gp = gemm.plan(m, n, k, sms)
-        t_gemm = bench.graph_time(
+        t_dequant = bench.graph_time(
             [
-                lambda i=i, xs=xs, ps=ps, outs=outs, gp=gp: gemm.w4a16_gemm(
-                    xs[i % 2], ps[i].data, ps[i].scale_codes, ps[i].global_scale, None, outs[i % 2], gp
+                lambda i=i, xs=xs, qs=qs: torch.nn.functional.linear(
+                    xs[i % 2], kernels.dequantize_triton(qs[i], torch.bfloat16)
                 )
                 for i in range(copies)
             ],
             reps,
+        )
+        outs = [torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _ in range(2)]
+        gp = gemm.plan(m, n, k, sms) if m <= 256 else None  # the GEMM kernel's range ends at 64
+        t_gemm = (
+            float("nan")
+            if gp is None
+            else bench.graph_time(
+                [
+                    lambda i=i, xs=xs, ps=ps, outs=outs, gp=gp: gemm.w4a16_gemm(
+                        xs[i % 2], ps[i].data, ps[i].scale_codes, ps[i].global_scale, None, outs[i % 2], gp
+                    )
+                    for i in range(copies)
+                ],
+                reps,
+            )
         )
         res = []
         for pl in ALL:
@@ -139,16 +158,17 @@ for n, k in [(4096, 4096), (14336, 4096), (4096, 14336), (896, 4864)]:
                     "us": 1e3 * t,
                     "bf16_us": 1e3 * t_bf16,
                     "auto_us": 1e3 * t_auto,
+                    "dequant_us": 1e3 * t_dequant,
                     "gemm_us": 1e3 * t_gemm,
                 }
             )
         res.sort()
         best = " ".join(f"{tuple(pl)}:{1e3 * t:.1f}" for t, pl in res[:4])
         print(
-            f"M={m:4d} {n:6d}x{k:<6d} bf16 {1e3 * t_bf16:7.1f} us auto {t_bf16 / t_auto:4.2f}x gemm {t_bf16 / t_gemm:4.2f}x"
+            f"M={m:4d} {n:6d}x{k:<6d} bf16 {1e3 * t_bf16:7.1f} us auto {t_bf16 / t_auto:4.2f}x dequantize {t_bf16 / t_dequant:4.2f}x gemm {t_bf16 / t_gemm:4.2f}x"
             f" | wgmma best {t_bf16 / res[0][0]:4.2f}x: {best}",
             flush=True,
         )
-if len(sys.argv) > 1:
-    with open(sys.argv[1], "w") as f:
-        json.dump(rows, f)
+    if len(sys.argv) > 1:  # after every layer: a run cut short keeps what it measured
+        with open(sys.argv[1], "w") as f:
+            json.dump(rows, f)

@@ -565,10 +565,12 @@ def _wgmma_engine(kernels):
 )
 def test_wgmma_matches_reference_with_poisoned_output(kernels, M, N, K, bias):
     """The wgmma kernel's tilings against float64: the plan's choice and others with 1 or 2
-    warpgroups, 16-256 tokens per block (the MMA's N), 3-5 stages, clusters of 1-8 blocks (K = 1152
-    and 640 are 9 and 5 steps of 128: uneven K splits) and 2 or 4 A register sets; M not a multiple
-    of the token tile (the zero-filled tokens must not be written). Outputs start as NaN, so a missed
-    element fails; a second call gives the same bits (the cluster reduction has a fixed order)."""
+    warpgroups, 16-256 tokens per block (the MMA's N), 2-5 stages (2: the producer waits for every
+    refill), clusters of 1-8 blocks (K = 1152 and 640 are 9 and 5 steps of 128: uneven K splits) and
+    1, 2, 4 or 8 A register sets (each releases a stage at another step); M not a multiple of the
+    token tile (the TMA unit's zero-filled tokens must not be written). Outputs start as NaN, so a
+    missed element fails; a second call gives the same bits (the cluster reduction has a fixed
+    order)."""
     wgmma = _wgmma_engine(kernels)
     x, b, p, expected = _w4a16_problem(kernels, M, N, K, bias)
     limit = wgmma.max_shared_bytes(torch.cuda.current_device())
@@ -582,6 +584,8 @@ def test_wgmma_matches_reference_with_poisoned_output(kernels, M, N, K, bias):
             (2, 192, 3, 2, 2),
             (1, 16, 3, 8, 4),
             (2, 64, 4, 1, 2),
+            (1, 64, 2, 1, 1),
+            (2, 128, 3, 2, 8),
         ]
     ]
     fits = lambda tiling: wgmma.valid(tiling, M, N, K, limit)  # noqa: E731
@@ -590,12 +594,35 @@ def test_wgmma_matches_reference_with_poisoned_output(kernels, M, N, K, bias):
     assert float((got.double() - expected).norm() / expected.norm()) < 1e-2
 
 
-def test_w4a16_linear_takes_the_wgmma_kernel_from_33_to_1024_tokens(kernels, monkeypatch):
-    """On Hopper the automatic choice (``wgmma_is_faster``) takes the wgmma kernel at M = 33..1024 on
-    a square weight of 2**24 parameters, up to 512 on one with N > K and up to 192 on a smaller one,
-    through ``w4a16_linear`` (so the dequantize + cuBLAS fallback is not taken there either); not
-    at M = 32 or 1025, nor at 513 with N > K, nor at 256 on the small weight. The results match
-    float64 either way."""
+@pytest.mark.parametrize(("engine", "M"), [("cuda", 8), ("gemm", 40), ("wgmma", 100)])
+def test_nvrtc_kernels_read_strided_and_unaligned_activations(kernels, engine, M):
+    """The NVRTC kernels read x's rows in 16-byte chunks (the wgmma kernel through a tensor map that
+    takes x's row stride as it is): a view of every other 2176-element row, 16-byte aligned, is
+    read in place; an x that starts 2 bytes off a 16-byte boundary (contiguous, so ``contiguous()``
+    would return it as it is) is copied first. Both match float64 like a contiguous x."""
+    if engine == "wgmma":
+        _wgmma_engine(kernels)
+    else:
+        _cuda_engine()
+    N, K = 256, 1024
+    x, b, p, expected = _w4a16_problem(kernels, M, N, K, bias=True)
+    wide = torch.zeros(M, 2 * K + 128, dtype=torch.bfloat16, device="cuda")
+    wide[:, 64 : 64 + K] = x
+    strided = wide[:, 64 : 64 + K]  # row stride 2176 elements, starts 128 bytes in
+    flat = torch.zeros(M * K + 1, dtype=torch.bfloat16, device="cuda")
+    unaligned = flat[1:].view(M, K)  # starts 2 bytes past an aligned address
+    unaligned.copy_(x)
+    assert strided.stride(0) == 2 * K + 128 and unaligned.data_ptr() % 16 == 2 and unaligned.is_contiguous()
+    for xv in (strided, unaligned):
+        got = kernels.w4a16_matmul(xv, p, b, engine=engine)
+        assert float((got.double() - expected).norm() / expected.norm()) < 1e-2, engine
+
+
+def test_w4a16_linear_takes_the_wgmma_kernel_from_33_to_2048_tokens(kernels, monkeypatch):
+    """On Hopper the automatic choice (``wgmma_is_faster``) takes the wgmma kernel at M = 33..2048 on
+    weights of 2**24 parameters (square, and N > K) and up to 192 on a smaller one, through
+    ``w4a16_linear`` (so the dequantize + cuBLAS fallback is not taken there either); not at M = 32
+    or 2049, nor at 256 on the small weight. The results match float64 either way."""
     wgmma = _wgmma_engine(kernels)
     launches = []
     real = wgmma.w4a16_wgmma
@@ -612,9 +639,10 @@ def test_w4a16_linear_takes_the_wgmma_kernel_from_33_to_1024_tokens(kernels, mon
         (256, 4096, 4096, True),
         (384, 4096, 4096, True),
         (1024, 4096, 4096, True),
-        (1025, 4096, 4096, False),
-        (512, 8192, 2048, True),
-        (513, 8192, 2048, False),
+        (2048, 4096, 4096, True),
+        (2049, 4096, 4096, False),
+        (513, 8192, 2048, True),
+        (2048, 8192, 2048, True),
         (192, 896, 4864, True),
         (256, 896, 4864, False),
     ]:

@@ -411,12 +411,13 @@ def test_wgmma_plan():
     """The wgmma kernel's tiling rule, hand-derived for 132 SMs: the first block shape of (2 warpgroups,
     256 tokens), (2, 192), (2, 128), (1, 128), (1, 64) with at most M rounded up to 64 tokens (blocks
     of more than 128 tokens only where >= 80% of their tokens are real) whose blocks x a cluster of
-    <= 2 (then <= 4) reach 99 (3/4 of 132) within one wave; else (1, 64) with the largest cluster; as
-    many stages as fit up to 5 (a stage: 256 B per token + 72 B per row, 1024-aligned)."""
+    <= 2 (then <= 4) reach 99 (3/4 of 132) within one wave; else (1, 64) with the largest cluster;
+    (2, 192) instead of a (2, 256) that takes more than one wave where 0.8 x its last-wave use is
+    higher; as many stages as fit up to 5 (a stage: 256 B per token + 72 B per row, 1024-aligned)."""
     from slime_gb10.nvfp4 import _cuda_wgmma as wg
 
     def tiling(wgs, bm, stages, cluster):
-        return wg.WgmmaPlan(wgs, bm, stages, cluster, depth=4)
+        return wg.WgmmaPlan(wgs, bm, stages, cluster, depth=2)
 
     # M = 64: only (1, 64); 4096 rows = 64 blocks x 2 = 128 >= 99
     assert wg.plan(64, 4096, 4096, 132) == tiling(1, 64, 5, 2)
@@ -434,6 +435,15 @@ def test_wgmma_plan():
     assert wg.plan(768, 14336, 4096, 132) == tiling(2, 256, 3, 1)  # 336 blocks
     # M = 1024: (2, 256) = 32 x 4 = 128 blocks; its stage is 74752 B: 3 fit in 227 KB, 4 do not
     assert wg.plan(1024, 4096, 4096, 132) == tiling(2, 256, 3, 1)
+    # more than one wave of (2, 256): 5120 rows at M = 1024 are 40 x 4 = 160 blocks, a second wave of
+    # 28 (use 160 / 264 = 0.61); (2, 192) are 40 x 6 = 240 (1024 of 1152 tokens: 0.89 >= 0.8), use
+    # 240 / 264 = 0.91, x 0.8 = 0.73 > 0.61: 192 tokens
+    assert wg.plan(1024, 5120, 5120, 132) == tiling(2, 192, 3, 1)
+    # 11008 rows at M = 1024: 86 x 4 = 344 blocks, use 344 / 396 = 0.87; (2, 192): 86 x 6 = 516, use
+    # 516 / 528 = 0.98, x 0.8 = 0.78 < 0.87: 256 tokens
+    assert wg.plan(1024, 11008, 4096, 132) == tiling(2, 256, 3, 1)
+    # at M = 512: 86 x 2 = 172 blocks (0.65); (2, 192): 86 x 3 = 258 (0.98 x 0.8 = 0.78): 192 tokens
+    assert wg.plan(512, 11008, 4096, 132) == tiling(2, 192, 3, 1)
     # 896 rows at M = 128: nothing reaches 99 with clusters of 2; with 4, (1, 64) = 28 x 4 = 112
     assert wg.plan(128, 896, 4864, 132) == tiling(1, 64, 5, 4)
     # at M = 64: 14 blocks x 4 = 56 never reach 99: the smallest shape with the largest cluster
@@ -460,40 +470,52 @@ def test_wgmma_shared_memory_and_validity():
     assert not wg.valid(wg.WgmmaPlan(2, 64), 1, 4096 + 64, 4096)  # 128-row blocks
     assert not wg.valid(wg.WgmmaPlan(1, 72), 1, 4096, 4096)  # tokens in multiples of 16
     assert not wg.valid(wg.WgmmaPlan(1, 272), 1, 4096, 4096)  # the MMA's N is at most 256
-    assert not wg.valid(wg.WgmmaPlan(1, 64, stages=2), 1, 4096, 4096)  # refill needs >= 3 stages
+    assert not wg.valid(wg.WgmmaPlan(1, 64, stages=1), 1, 4096, 4096)  # one fills while another is read
+    assert wg.valid(wg.WgmmaPlan(1, 64, stages=2), 1, 4096, 4096)
     assert not wg.valid(wg.WgmmaPlan(1, 64, depth=3), 1, 4096, 4096)  # register sets must divide 8 steps
     assert wg.valid(wg.WgmmaPlan(1, 64, depth=8), 1, 4096, 4096)
     assert not wg.valid(wg.WgmmaPlan(1, 64, cluster=8), 1, 4096, 128 * 7)  # 7 steps for 8 blocks
     assert wg.valid(wg.WgmmaPlan(1, 64, cluster=8), 1, 4096, 1024)
 
 
-def test_wgmma_activation_layout_is_the_128_byte_swizzle():
-    """The activation tile the kernel's copies write is the layout its ``wgmma`` descriptor declares:
-    K-major, 128-byte swizzle (the 16-byte chunk index XOR-ed with the row index mod 8, i.e. address
-    bits 4-6 ^= bits 7-9), 1024 bytes per 8 tokens. The copy's destination expression is read from the
-    CUDA source and evaluated for every thread and copy of a stage, against the swizzle applied to
-    the natural address of the element it copies; and the descriptor's constants are read too."""
+def test_wgmma_tensor_maps_match_what_the_kernel_reads():
+    """The producer's copies and the consumers' reads describe the same stage. The activation map
+    moves 2-byte elements in boxes of 64 K x ``bm`` tokens (a box row is 128 bytes, the span of the
+    128-byte swizzle) with the swizzle ``wgmma``'s descriptor declares (layout type 1 at bits 62-63,
+    1024 bytes per 8 tokens); the two K halves of a step land ``bm * 128`` bytes apart, and the
+    descriptor of k16 step s points at K 16 s: half s / 4, byte 32 (s % 4) of the row. The code map
+    moves boxes of 64 bytes (128 K) x ``64 wg`` rows, unswizzled, read back at ``64 * row``. The bytes
+    the full barrier expects are the boxes' bytes. Constants and expressions are read from the
+    source and evaluated."""
     import re
 
     from slime_gb10.nvfp4 import _cuda_wgmma as wg
 
     for wgs, bm in ((1, 64), (2, 256), (1, 16), (2, 192)):
-        source = wg._source(wg.WgmmaPlan(wgs, bm))
-        threads = 128 * wgs
-        dst = re.search(r"L\.x_dst = (.+);", source).group(1)
-        step = re.search(r"stage \+ L\.x_dst \+ (.+?) \* j,", source).group(1)
-        seen = set()
-        for tid in range(threads):
-            for j in range(bm * 16 // threads):
-                env = {"tid": tid, "BM": bm, "THREADS": threads}
-                got = eval(dst.replace("/", "//"), {}, env) + eval(step.replace("/", "//"), {}, env) * j
-                token, chunk = tid // 16 + j * threads // 16, tid % 16  # chunk of 8 K in the step's 128
-                natural = (chunk // 8) * bm * 128 + token * 128 + (chunk % 8) * 16
-                assert got == natural ^ (((natural >> 7) & 7) << 4), (wgs, bm, tid, j)
-                seen.add(got)
-        assert len(seen) == bm * 16  # every 16-byte chunk of the tile exactly once
+        p = wg.WgmmaPlan(wgs, bm)
+        M, N, K = 300, 64 * wgs * 3, 1024
+        x_spec, code_spec = wg.map_specs(p, M, N, K, x_row_bytes=2 * 1032)
+        assert x_spec == wg.MapSpec(wg._TMA_UINT16, K, M, 2 * 1032, (64, bm), wg._TMA_SWIZZLE_128B)
+        assert code_spec == wg.MapSpec(wg._TMA_UINT8, K // 2, N, K // 2, (64, 64 * wgs), wg._TMA_SWIZZLE_NONE)
+        assert x_spec.box[0] * 2 == 128 and code_spec.box[0] == 64
+        source = wg._source(p)
+        env = {"BM": bm, "BN": 64 * wgs, "WG": wgs, "k": 0, "st": 0, "CODE_OFFSET": bm * 256}
+        loads = re.findall(r"tma_load\((.+?), &(\w+), (.+?), (\w+), full\);", source)
+        boxes = {(m, eval(c0.replace(">>", "//2**"), {}, env)): eval(dst, {}, env) for dst, m, c0, _ in loads}
+        assert boxes == {("xmap", 0): 0, ("xmap", 64): bm * 128, ("cmap", 0): bm * 256}, boxes
+        expected_tx = 2 * (64 * 2 * bm) + 64 * (64 * wgs)  # two activation boxes + one code box
+        tx = re.search(r"#define TMA_BYTES \((.+)\)", source).group(1)
+        assert eval(tx, {}, env) == expected_tx
+        step = re.search(r"desc \+ \(\(\(\(s >> 2\) \* BM \* 128\) \+ \(s & 3\) \* 32\) >> 4\)", source)
+        assert step, "the descriptor offset of step s"
+        for s_ in range(8):
+            offset = (s_ >> 2) * bm * 128 + (s_ & 3) * 32  # bytes into the stage, as in the source
+            half, byte = divmod(offset, bm * 128)
+            assert byte < 128 and 64 * half + byte // 2 == 16 * s_  # K of the step's first element
+        assert "CODE_OFFSET + 64 * row" in source and "CODE_OFFSET + 64 * (row + 8)" in source
     desc = re.search(r"return \(unsigned long long\)\(\(addr & 0x3FFFF\) >> 4\) \| (.+);", source).group(1)
     assert desc == "(1ull << 16) | (64ull << 32) | (1ull << 62)"  # LBO 1 (unused), SBO 1024 B, 128-B swizzle
+    assert wg._TMA_SWIZZLE_128B == 3 and wg._TMA_UINT16 == 1 and wg._TMA_UINT8 == 0  # cuda.h's enums
 
 
 def test_wgmma_instruction_text():
@@ -511,11 +533,11 @@ def test_wgmma_instruction_text():
 
 
 def test_wgmma_choice():
-    """The wgmma kernel at M = 33..1024 on shapes it tiles, up to 512 where N > K, up to 192 on
-    weights of < 2**24 parameters; and ``fused_is_faster`` takes it only where it runs (sm_90)."""
+    """The wgmma kernel at M = 33..2048 on shapes it tiles of >= 2**24 parameters (N > K or not), up
+    to 192 on smaller weights; and ``fused_is_faster`` takes it only where it runs (sm_90)."""
     assert not kernels.wgmma_is_faster(32, 4096, 4096) and kernels.wgmma_is_faster(33, 4096, 4096)
-    assert kernels.wgmma_is_faster(1024, 4096, 14336) and not kernels.wgmma_is_faster(1025, 4096, 14336)
-    assert kernels.wgmma_is_faster(512, 14336, 4096) and not kernels.wgmma_is_faster(513, 14336, 4096)
+    assert kernels.wgmma_is_faster(2048, 4096, 14336) and not kernels.wgmma_is_faster(2049, 4096, 14336)
+    assert kernels.wgmma_is_faster(2048, 14336, 4096) and not kernels.wgmma_is_faster(2049, 14336, 4096)
     assert kernels.wgmma_is_faster(1024, 4096, 4096)  # N = K
     assert kernels.wgmma_is_faster(192, 896, 4864) and not kernels.wgmma_is_faster(193, 896, 4864)
     assert not kernels.wgmma_is_faster(64, 4096 + 32, 4096) and not kernels.wgmma_is_faster(
@@ -523,4 +545,5 @@ def test_wgmma_choice():
     )
     assert kernels.fused_is_faster(1024, 4096, 4096, cuda_kernel=True, wgmma=True)
     assert not kernels.fused_is_faster(1024, 4096, 4096, cuda_kernel=True)  # not on GB10 / Blackwell
-    assert not kernels.fused_is_faster(1025, 4096, 4096, cuda_kernel=True, wgmma=True)
+    assert kernels.fused_is_faster(2048, 4096, 4096, cuda_kernel=True, wgmma=True)
+    assert not kernels.fused_is_faster(2049, 4096, 4096, cuda_kernel=True, wgmma=True)

@@ -554,15 +554,22 @@ def launch_w4a16(
 ) -> None:
     """Launch one of the NVRTC W4A16 kernels (all three take the same leading arguments: x, codes,
     scale codes, global scale, bias or a stand-in, out, M, N, K, x's row stride, has_bias; then
-    ``extra``). x's rows are copied in 16-byte chunks (made contiguous where they would not be
-    aligned); the codes must be 16-byte and the scale codes 8-byte aligned."""
+    ``extra``). x's rows are copied in 16-byte chunks (:func:`aligned_rows`); the codes must be 16-byte and the scale codes 8-byte aligned."""
     M, K = x2.shape
-    if x2.stride(0) % 8 or x2.data_ptr() % 16:
-        x2 = x2.contiguous()
+    x2 = aligned_rows(x2)
     if data.data_ptr() % 16 or scale_codes.data_ptr() % 8:
         raise ValueError(f"{name}: the codes must be 16-byte and the scale codes 8-byte aligned")
     args = [x2, data, scale_codes, global_scale, bias if bias is not None else out, out, M, data.shape[0], K]
     launch(kernel, grid, threads, [*args, x2.stride(0), int(bias is not None), *extra], smem)
+
+
+def aligned_rows(x2: torch.Tensor) -> torch.Tensor:
+    """``x2`` where its rows start at 16-byte aligned addresses with unit stride, else an aligned copy:
+    the kernels read rows in 16-byte chunks (a contiguous view that starts off a 16-byte boundary
+    is copied too, which ``contiguous()`` would not do)."""
+    if x2.stride(-1) == 1 and x2.stride(0) % 8 == 0 and x2.data_ptr() % 16 == 0:
+        return x2
+    return x2.clone(memory_format=torch.contiguous_format)
 
 
 def cuda_index(t: torch.Tensor) -> int:

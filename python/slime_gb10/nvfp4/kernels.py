@@ -257,7 +257,7 @@ def _wgmma_engine_available(device_index: int) -> bool:
     if _capability(device_index) != (9, 0):  # wgmma is sm_90a only
         return False
     try:
-        _cuda_wgmma._kernel(device_index, _cuda_wgmma.WgmmaPlan(1, 64, stages=3, depth=4))  # NVRTC compiles
+        _cuda_wgmma._kernel(device_index, _cuda_wgmma.WgmmaPlan(1, 64, stages=3, depth=2))  # NVRTC compiles
     except Exception as exc:  # an NVRTC without sm_90a: the other kernels instead
         import warnings
 
@@ -427,24 +427,21 @@ def gemm_is_faster(M: int, N: int, K: int) -> bool:
 
 
 WGMMA_MIN_M = 32  # the wgmma kernel from M = 33 (below, the CUDA GEMM and weight-streaming kernels lead)
-WGMMA_MAX_M = 1024  # its last M ahead of dequantize + cuBLAS on weights of >= 2**24 parameters (H100) ...
-WGMMA_WIDE_MAX_M = 512  # ... with N > K (14336 x 4096 at M = 1024: 0.66x of BF16 against 0.72x) ...
+WGMMA_MAX_M = 2048  # its last M ahead of dequantize + cuBLAS on weights of >= 2**24 parameters (H100) ...
 WGMMA_SMALL_MAX_M = 192  # ... and on smaller weights (896 x 4864 at M = 256: 0.66x against 0.69x)
 
 
 def wgmma_is_faster(M: int, N: int, K: int) -> bool:
     """Whether the wgmma kernel (:mod:`~slime_gb10.nvfp4._cuda_wgmma`, sm_90 only) is the kernel to
-    take where it runs, on shapes it tiles (N % 64, K % 128): from M = 33 up to 1024 on weights of
-    >= 2**24 parameters with N <= K, up to 512 on those with N > K, up to 192 on smaller weights.
-    Measured on the H100 against the other kernels and dequantize + cuBLAS (NOTES.md v14): ahead
-    at M = 48..1024 on 4096 x 4096 and 4096 x 14336; on 14336 x 4096 ahead up to 512, level at 768
-    and 7% behind at 1024; behind dequantize + cuBLAS everywhere from M = 2048."""
+    take where it runs, on shapes it tiles (N % 64, K % 128): from M = 33 up to 2048 on weights of
+    >= 2**24 parameters, up to 192 on smaller weights. Measured on the H100 against the other
+    kernels and dequantize + cuBLAS (NOTES.md v14, v18): at M = 1024 and 2048 ahead on 4096 x 4096,
+    4096 x 14336, 8192 x 8192, 11008 x 4096 and 14336 x 4096 (0.78-0.98x of the time), behind on
+    5120 x 5120 (1.05x); at 4096 behind on 14336 x 4096 and 2048 x 2048 (1.13x), within 2% or
+    ahead on the rest."""
     if N % 64 or K % 128:
         return False
-    if N * K < WIDE_MIN_PARAMS:
-        last_m = WGMMA_SMALL_MAX_M
-    else:
-        last_m = WGMMA_WIDE_MAX_M if N > K else WGMMA_MAX_M
+    last_m = WGMMA_SMALL_MAX_M if N * K < WIDE_MIN_PARAMS else WGMMA_MAX_M
     return WGMMA_MIN_M < M <= last_m
 
 
