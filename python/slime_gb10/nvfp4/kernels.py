@@ -23,14 +23,15 @@ codes are one BF16x2 register): the CUDA GEMM kernel (:mod:`~slime_gb10.nvfp4._c
 ``mma.sync``, taken at M = 17..64 (17..32 on large K > N layers; on sm_90 up to 32) and at
 M = 9..16 on K > N layers with N < 4096: activations by ``ldmatrix`` through a cp.async pipeline,
 split-K in a cluster), the wgmma kernel (:mod:`~slime_gb10.nvfp4._cuda_wgmma`, sm_90 only, taken at
-M = 33..1024: decoded weights as the register A operand of Hopper's asynchronous warpgroup MMA,
-activations in its 128-byte swizzle, the decode of the next steps overlapping the MMAs in flight)
+M = 33..2048: decoded weights as the register A operand of Hopper's asynchronous warpgroup MMA,
+activations in its 128-byte swizzle, copied by the TMA unit from a producer warp, the decode of the
+next step overlapping the MMA in flight)
 and the "wide" Triton kernel, which keeps the weights in registers as the MMA's A operand (``wgmma``
 on sm_90; taken where the CUDA kernels do not run). Measured on an H100 (BENCHMARKS.md, NOTES.md):
-about 2x of BF16 cuBLAS at M <= 4, 1.3-1.7x at M = 16, 1.09-1.61x at M = 32, 1.05-1.44x at M = 64,
-0.90-1.19x at M = 128 and 0.72-0.90x at M = 256 on 4096-14336 wide layers (the format allows ~3.5x);
-above the wgmma kernel's range :func:`w4a16_linear` dequantizes and calls cuBLAS instead
-(0.72-0.87x of BF16).
+about 2x of BF16 cuBLAS at M <= 4, 1.4-1.7x at M = 16, 1.1-1.6x at M = 32, 1.06-1.47x at M = 64,
+0.92-1.31x at M = 128, 0.84-1.0x at M = 256 and 0.8-0.93x at M = 1024 on 4096-14336 wide layers
+(the format allows ~3.5x); above the wgmma kernel's range :func:`w4a16_linear` dequantizes and calls
+cuBLAS instead (0.8-0.9x of BF16).
 """
 
 from __future__ import annotations
