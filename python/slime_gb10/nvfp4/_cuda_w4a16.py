@@ -533,9 +533,27 @@ def compile_kernel(device_index: int, source: str, name: str, arch: str | None =
 def launch(kernel, grid: tuple, threads: int, args: list, smem: int) -> None:
     """Launch an NVRTC kernel on the current stream with ``smem`` bytes of dynamic shared memory,
     opting in above 48 KB (both NVRTC kernels)."""
+    opt_in_shared_memory(kernel, smem)
+    kernel(grid=grid, block=(threads, 1, 1), args=args, shared_mem=smem)
+
+
+def opt_in_shared_memory(kernel, smem: int) -> None:
+    """Let ``kernel`` take ``smem`` bytes of dynamic shared memory (an opt-in above 48 KB)."""
     if smem >= 48 * 1024:
         kernel.set_shared_memory_config(smem)
-    kernel(grid=grid, block=(threads, 1, 1), args=args, shared_mem=smem)
+
+
+def check_weights(name: str, data: torch.Tensor, scale_codes: torch.Tensor) -> None:
+    """The NVRTC kernels read the codes ``[N, K / 2]`` in 16-byte and the scale codes ``[N, K / 16]``
+    in 8-byte pieces, rows back to back (as :func:`~slime_gb10.nvfp4.kernels.prepare_w4a16` makes them)."""
+    if (
+        data.data_ptr() % 16
+        or scale_codes.data_ptr() % 8
+        or not (data.is_contiguous() and scale_codes.is_contiguous())
+    ):
+        raise ValueError(
+            f"{name}: the codes must be 16-byte and the scale codes 8-byte aligned, both contiguous"
+        )
 
 
 def launch_w4a16(
@@ -557,8 +575,7 @@ def launch_w4a16(
     ``extra``). x's rows are copied in 16-byte chunks (:func:`aligned_rows`); the codes must be 16-byte and the scale codes 8-byte aligned."""
     M, K = x2.shape
     x2 = aligned_rows(x2)
-    if data.data_ptr() % 16 or scale_codes.data_ptr() % 8:
-        raise ValueError(f"{name}: the codes must be 16-byte and the scale codes 8-byte aligned")
+    check_weights(name, data, scale_codes)
     args = [x2, data, scale_codes, global_scale, bias if bias is not None else out, out, M, data.shape[0], K]
     launch(kernel, grid, threads, [*args, x2.stride(0), int(bias is not None), *extra], smem)
 

@@ -44,7 +44,14 @@ from typing import NamedTuple
 import torch
 
 from slime_gb10.nvfp4._cuda_gemm import GEMM_HELPERS
-from slime_gb10.nvfp4._cuda_w4a16 import DEVICE_HELPERS, aligned_rows, compile_kernel, cuda_index
+from slime_gb10.nvfp4._cuda_w4a16 import (
+    DEVICE_HELPERS,
+    aligned_rows,
+    check_weights,
+    compile_kernel,
+    cuda_index,
+    opt_in_shared_memory,
+)
 
 SMEM_ALIGN = 1024  # the 128-byte swizzle repeats every 8 rows of 128 bytes: stages start 1024-aligned
 HOPPER_SMEM = 227 * 1024  # dynamic shared memory a block may opt in to on sm_90
@@ -473,20 +480,12 @@ def w4a16_wgmma(x2, data, scale_codes, global_scale, bias, out, p: WgmmaPlan) ->
             f"{max_shared_bytes(index)} bytes of shared memory; see plan)"
         )
     x2 = aligned_rows(x2)  # the TMA unit reads rows at 16-byte aligned addresses
-    if (
-        data.data_ptr() % 16
-        or scale_codes.data_ptr() % 8
-        or not (data.is_contiguous() and scale_codes.is_contiguous())
-    ):
-        raise ValueError(
-            "CUDA W4A16 wgmma GEMM: the codes must be 16-byte and the scale codes 8-byte aligned, both contiguous"
-        )
+    check_weights("CUDA W4A16 wgmma GEMM", data, scale_codes)
     x_spec, code_spec = map_specs(p, M, N, K, 2 * x2.stride(0))
     xmap, cmap = _tensor_map(x2.data_ptr(), x_spec), _tensor_map(data.data_ptr(), code_spec)
     kernel = _kernel(index, p)
     smem = shared_bytes(p)
-    if smem >= 48 * 1024:
-        kernel.set_shared_memory_config(smem)
+    opt_in_shared_memory(kernel, smem)
     pointers = [
         ctypes.c_void_p(t.data_ptr())
         for t in (scale_codes, global_scale, bias if bias is not None else out, out)
