@@ -411,7 +411,8 @@ def test_wgmma_plan():
     """The wgmma kernel's tiling rule, hand-derived for 132 SMs: the first block shape of (2 warpgroups,
     256 tokens), (2, 192), (2, 128), (1, 128), (1, 64) with at most M rounded up to 64 tokens (blocks
     of more than 128 tokens only where >= 80% of their tokens are real) whose blocks x a cluster of
-    <= 2 (then <= 4) reach 99 (3/4 of 132) within one wave; else (1, 64) with the largest cluster;
+    <= 2 (then <= 4) reach 99 (3/4 of 132) within one wave; else (1, 64) with the largest cluster
+    (up to 8 where K > 1024, else 4);
     (2, 192) instead of a (2, 256) that takes more than one wave where 0.8 x its last-wave use is
     higher; as many stages as fit up to 5 (a stage: 256 B per token + 72 B per row, 1024-aligned)."""
     from slime_gb10.nvfp4 import _cuda_wgmma as wg
@@ -446,8 +447,12 @@ def test_wgmma_plan():
     assert wg.plan(512, 11008, 4096, 132) == tiling(2, 192, 3, 1)
     # 896 rows at M = 128: nothing reaches 99 with clusters of 2; with 4, (1, 64) = 28 x 4 = 112
     assert wg.plan(128, 896, 4864, 132) == tiling(1, 64, 5, 4)
-    # at M = 64: 14 blocks x 4 = 56 never reach 99: the smallest shape with the largest cluster
-    assert wg.plan(64, 896, 4864, 132) == tiling(1, 64, 5, 4)
+    # at M = 64: 14 blocks x 4 = 56 never reach 99: the smallest shape with the largest cluster, up to
+    # 8 where K has more than 8 steps of 128 (14 x 8 = 112 <= 132)
+    assert wg.plan(64, 896, 4864, 132) == tiling(1, 64, 5, 8)
+    assert wg.plan(48, 576, 1536, 132) == tiling(1, 64, 5, 8)  # 9 x 8 = 72, 12 steps
+    assert wg.plan(64, 1024, 1024, 132) == tiling(1, 64, 5, 4)  # 8 steps: one a block with 8
+    assert wg.plan(64, 2048, 4864, 132) == tiling(1, 64, 5, 4)  # 32 x 4 = 128: the second pass
     # 4160 rows (65 x 64, not a multiple of 128): one warpgroup; M = 1024 -> (1, 128) = 520 blocks
     assert wg.plan(1024, 4160, 4096, 132) == tiling(1, 128, 5, 1)
     # a 100 KB limit: (1, 64) stages of 21504 B -> 4 (87040 B with the alignment slack)

@@ -116,8 +116,8 @@ def _source(p: WgmmaPlan) -> str:
 #define RED_STRIDE (BN + 4)  /* floats per token of the partials (+4: the lanes' stores hit 32 banks) */
 /* split-K partials pushed to the summing block (DSMEM stores) from blocks of up to 128 tokens,
    pulled by it (DSMEM loads) from 256-token blocks, where the stores were 1-2% slower (H100,
-   NOTES.md v17) */
-#define PUSH (CLUSTER > 1 && BM <= 128)
+   NOTES.md v17); a pushed share is whole 8-token groups (the store's block is known at compile time) */
+#define PUSH (CLUSTER > 1 && BM <= 128 && (BM / CLUSTER) % 8 == 0)
 
 struct __align__(64) TensorMap {  // a CUtensorMap, encoded on the host (cuTensorMapEncodeTiled)
     unsigned long long opaque[16];
@@ -159,6 +159,14 @@ __device__ __forceinline__ void cp_async_mbar_arrive(u32 bar) {
 }
 __device__ __forceinline__ void cp_async8_to(u32 dst, const void* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" :: "r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ u32 cluster_address(u32 addr, u32 rank) {  // block `rank`'s copy of a shared address
+    u32 remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+    return remote;
+}
+__device__ __forceinline__ void st_remote(u32 remote, float v) {  // *remote = v in any block of the cluster
+    asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(remote), "f"(v) : "memory");
 }
 // box (c0, c1) of a 2-D tensor map into shared memory; counts its bytes on barrier `bar`. Elements
 // outside the tensor (tokens >= M) arrive as zeros.
@@ -297,11 +305,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) CLUSTER_ATTR w4a16_wgmm
     // as the weight-streaming kernel does): one barrier keeps them off stages still being read, the
     // next makes them visible; then no block reads another's shared memory
     cluster_sync();
+    if (warp < CONSUMERS / 32) {
+        // each block's address once (one `mapa` per store instead: 1.1x the kernel's time at M = 64-128)
+        u32 dst[CLUSTER];
 #pragma unroll
-    for (int r = 0; r < BM / 2; ++r) {  // acc[4 h + c]: row + 8 (c / 2), token 8 h + 2 i + c % 2
-        const int t = 8 * (r >> 2) + 2 * i + (r & 1);
-        if (warp < CONSUMERS / 32 && m0 + t < M)
-            st_cluster(red + (rank * share + t % share) * RED_STRIDE + row + 8 * ((r >> 1) & 1), t / share, acc[r]);
+        for (int d = 0; d < CLUSTER; ++d) dst[d] = cluster_address(smem_addr(red), d);
+#pragma unroll
+        for (int r = 0; r < BM / 2; ++r) {  // acc[4 h + c]: row + 8 (c / 2), token 8 h + 2 i + c % 2
+            const int t = 8 * (r >> 2) + 2 * i + (r & 1);
+            const int d = 8 * (r >> 2) / share, tl = 8 * (r >> 2) % share + 2 * i + (r & 1);  // t / share, t % share
+            if (m0 + t < M) st_remote(dst[d] + 4 * ((rank * share + tl) * RED_STRIDE + row + 8 * ((r >> 1) & 1)), acc[r]);
+        }
     }
     cluster_sync();
 #else
@@ -522,7 +536,8 @@ def plan(M: int, N: int, K: int, sm_count: int, smem_limit: int = HOPPER_SMEM) -
     ``M`` rounded up to 64 tokens (and, above 128 tokens, at least :data:`MIN_TOKEN_USE` of them
     real: M = 384 takes 2 x 192, not 2 x 256) whose blocks, split over a cluster of up to 2 (then, on
     a second pass, 4) blocks, fill three quarters of the SMs within one wave; where none does, the
-    smallest shape with the largest cluster that fits one wave. Where (2, 256) blocks take more than
+    smallest shape with the largest cluster (up to 8 for 1 x 64 blocks where K > 1024, else 4) that
+    fits one wave. Where (2, 256) blocks take more than
     one wave, (2, 192) ones instead if their last wave is fuller by more than their lower rate
     (:data:`RATE_192`). As many stages as fit (up to
     :data:`MAX_STAGES`), two A register sets (with the TMA producer, 0.85-0.9x of the time of four at
@@ -544,7 +559,11 @@ def plan(M: int, N: int, K: int, sm_count: int, smem_limit: int = HOPPER_SMEM) -
         return N // (64 * wg) * -(-M // bm)
 
     def cluster_for(wg: int, bm: int, most: int) -> int:
-        fits = [c for c in (1, 2, 4) if c <= most and c <= K // 128 and blocks(wg, bm) * c <= sm_count]
+        fits = [
+            c
+            for c in (1, 2, 4, 8)
+            if c <= most and c <= K // 128 and (c < 8 or K > 8 * 128) and blocks(wg, bm) * c <= sm_count
+        ]
         return fits[-1] if fits else 1
 
     choice = None
@@ -557,8 +576,11 @@ def plan(M: int, N: int, K: int, sm_count: int, smem_limit: int = HOPPER_SMEM) -
         if choice:
             break
     if choice is None:
+        # the smallest blocks take clusters of up to 8 (two of them fit an SM, so such clusters find
+        # room) where K has more than 8 steps: 0.74-0.91x of the time with 4 on 896 x 4864, 512 x 4096
+        # and 576 x 1536 at M = 33..64; 1.08x on 1024 x 1024, one step a block (NOTES.md v19)
         wg, bm = tiles[-1]
-        choice = (wg, bm, cluster_for(wg, bm, 4))
+        choice = (wg, bm, cluster_for(wg, bm, 8 if (wg, bm) == TILES[-1] else 4))
     wg, bm, c = choice
     if (wg, bm) == (2, 256) and blocks(2, 256) > sm_count and (2, 192) in tiles:
         # more than one wave: where 192-token blocks leave less of the last wave idle than they lose
