@@ -113,18 +113,24 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
     return a;
 }
 
-__device__ __forceinline__ float ld_cluster(const float* p, u32 rank) {  // DSMEM: block `rank`'s copy of *p
+__device__ __forceinline__ u32 cluster_address(u32 addr, u32 rank) {  // block `rank`'s copy of a shared address
     u32 remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+    return remote;
+}
+
+__device__ __forceinline__ void st_remote(u32 remote, float v) {  // DSMEM: *remote = v in any block of the cluster
+    asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(remote), "f"(v) : "memory");
+}
+
+__device__ __forceinline__ float ld_cluster(const float* p, u32 rank) {  // DSMEM: block `rank`'s copy of *p
     float v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(cluster_address(smem_addr(p), rank)) : "memory");
     return v;
 }
 
 __device__ __forceinline__ void st_cluster(float* p, u32 rank, float v) {  // DSMEM: block `rank`'s *p = v
-    u32 remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
-    asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(remote), "f"(v) : "memory");
+    st_remote(cluster_address(smem_addr(p), rank), v);
 }
 
 __device__ __forceinline__ void cluster_sync() {

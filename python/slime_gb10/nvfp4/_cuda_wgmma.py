@@ -160,14 +160,6 @@ __device__ __forceinline__ void cp_async_mbar_arrive(u32 bar) {
 __device__ __forceinline__ void cp_async8_to(u32 dst, const void* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" :: "r"(dst), "l"(src) : "memory");
 }
-__device__ __forceinline__ u32 cluster_address(u32 addr, u32 rank) {  // block `rank`'s copy of a shared address
-    u32 remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
-    return remote;
-}
-__device__ __forceinline__ void st_remote(u32 remote, float v) {  // *remote = v in any block of the cluster
-    asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(remote), "f"(v) : "memory");
-}
 // box (c0, c1) of a 2-D tensor map into shared memory; counts its bytes on barrier `bar`. Elements
 // outside the tensor (tokens >= M) arrive as zeros.
 __device__ __forceinline__ void tma_load(u32 dst, const TensorMap* map, int c0, int c1, u32 bar) {

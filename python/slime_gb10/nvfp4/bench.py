@@ -352,7 +352,7 @@ def bench_w4a16(
                     best = (t, cfg, asm, err)
             # the columns the ratios compare, timed again in turn (graph_times): the pool above picks
             # the fused kernel. Timed one after the other, "auto" followed the heavy dequantize +
-            # cuBLAS and ran up to 20% slower than the same kernel in the "fused" column (14336 x 4096
+            # cuBLAS and ran 18-21% slower than the same kernel in the "fused" column (14336 x 4096
             # at M = 1024, sessions 12 and 13), and BF16 at M = 4096, timed first, ran at clocks the
             # later columns did not get.
             columns = [
