@@ -90,3 +90,25 @@ def test_read_floor_needs_nvrtc_and_whole_words():
     from slime_gb10.nvfp4.bench import measure_read_floor
 
     assert measure_read_floor([(torch.zeros(64, dtype=torch.uint8),)], reps=2) is None
+
+
+@pytest.mark.gpu
+def test_graph_times_replays_the_graphs_in_turn():
+    """Each call list runs once as warm-up, once after its capture, then per round one untimed and
+    one timed replay when several lists are timed together (one replay a round when alone). The
+    calls count themselves on the device, so the replays are counted, not timed."""
+    from slime_gb10.nvfp4.bench import graph_time, graph_times
+
+    counts = torch.zeros(3, dtype=torch.int64, device="cuda")
+    first = [lambda: counts[0].add_(1)]
+    second = [lambda: counts[1].add_(1), lambda: counts[1].add_(10)]  # reps cycle through both
+    times = graph_times([first, second], reps=4, replays=3)
+    torch.cuda.synchronize()
+    replays = 1 + 3 * 2
+    assert counts[0].item() == 1 + replays * 4
+    assert counts[1].item() == 11 + replays * 22
+    assert len(times) == 2 and all(t > 0 for t in times)
+
+    alone = graph_time([lambda: counts[2].add_(1)], reps=5, replays=3)
+    torch.cuda.synchronize()
+    assert counts[2].item() == 1 + (1 + 3) * 5 and alone > 0
