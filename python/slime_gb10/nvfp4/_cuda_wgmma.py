@@ -26,8 +26,9 @@ et al., 2024), again with ModelOpt's bytes as they are:
   step used, while up to ``DEPTH - 1`` MMAs run. At step ``max(DEPTH - 2, 0)`` of stage k the
   last MMA of stage k - 1 has retired, and each warp releases that stage.
 * Split-K over a thread-block cluster (``CLUSTER`` blocks), reduced in a fixed order through DSMEM
-  (pushed into the summing block's shared memory from blocks of up to 128 tokens, pulled by it from
-  larger ones: ``PUSH``, NOTES.md v17); block ``rank`` writes its share of the tokens as BF16
+  (pushed into the summing block's shared memory from blocks of up to 128 tokens whose shares are
+  whole 8-token groups, each block's address mapped once, pulled by it from larger ones: ``PUSH``,
+  NOTES.md v17, v19); block ``rank`` writes its share of the tokens as BF16
   (+ bias), two rows per 4-byte store.
 
 Requires N % (64 WG) == 0, K % 128 == 0, at least
