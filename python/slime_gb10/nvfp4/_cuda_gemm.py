@@ -266,14 +266,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) CLUSTER_ATTR w4a16_g
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int h = 0; h < NT; ++h)
+        for (int hr = 0; hr < 2; ++hr) {  // the lane's rows g and g + 8 of the tile
+            // the row's partials in the summing block (BN / CLUSTER rows each), mapped once for all
+            // of its tokens
+            const int row = row0 + 16 * mt + g + 8 * hr, share = BN / CLUSTER;
+            const u32 dst = cluster_address(smem_addr(red + (rank * share + row % share) * RED_STRIDE), row / share);
 #pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const int row = row0 + 16 * mt + g + 8 * (c >> 1), t = wt * 8 * NT + 8 * h + 2 * i + (c & 1);
-                if (t < mloc)
-                    st_cluster(red + (rank * (r1 - r0) + row % (r1 - r0)) * RED_STRIDE + t, row / (r1 - r0),
-                               acc[mt][h][c]);
-            }
+            for (int h = 0; h < NT; ++h)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {  // acc[.][.][2 hr + c]: token 8 h + 2 i + c of the warp's
+                    const int t = wt * 8 * NT + 8 * h + 2 * i + c;
+                    if (t < mloc) st_remote(dst + 4 * t, acc[mt][h][2 * hr + c]);
+                }
+        }
     cluster_sync();
 #else
     // [row][token] in the block's own shared memory; with a cluster, the summing block pulls them
