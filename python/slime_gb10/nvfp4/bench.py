@@ -141,7 +141,7 @@ def measure_read_floor(buffers: list[tuple[torch.Tensor, ...]], reps: int) -> fl
         return None
     kernel = _read_kernel(torch.cuda.current_device())  # compiled once, not per layer
     sink = torch.zeros(4, dtype=torch.int32, device="cuda")
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     pairs = [(e[0], e[1] if len(e) > 1 else sink.view(torch.uint8)[:0]) for e in flat]
 
     def call(a, b, grid, threads):
@@ -261,6 +261,16 @@ def graph_times(call_lists, reps: int, replays: int = 7) -> list[float]:
     return [sorted(kept)[len(kept) // 2] for kept in times]
 
 
+def _fused_calls(cfg: dict, asm: bool | None, xs, prepared) -> list:
+    """One call of a fused candidate per prepared weight copy (activations alternate between two)."""
+    from slime_gb10.nvfp4 import kernels
+
+    return [
+        lambda i=i: kernels.w4a16_matmul(xs[i % 2], prepared[i], **_call(cfg, asm))
+        for i in range(len(prepared))
+    ]
+
+
 def _call(cfg: dict, asm: bool | None) -> dict:
     """w4a16_matmul keyword arguments for one bench candidate."""
     if cfg.get("engine") in ("cuda", "gemm", "wgmma"):
@@ -336,15 +346,7 @@ def bench_w4a16(
                     if not err < 2e-2:
                         errors.append(f"asm={asm} {cfg}: rel err {err:.3g}")
                         continue
-                    t = graph_time(
-                        [
-                            lambda i=i, cfg=cfg, asm=asm, xs=xs, ps=ps: kernels.w4a16_matmul(
-                                xs[i % 2], ps[i], **_call(cfg, asm)
-                            )
-                            for i in range(n_q)
-                        ],
-                        reps,
-                    )
+                    t = graph_time(_fused_calls(cfg, asm, xs, ps), reps)
                 except Exception as exc:  # a config that does not compile is skipped, and reported
                     errors.append(f"asm={asm} {cfg}: {type(exc).__name__}: {str(exc)[:300]}")
                     continue
@@ -369,14 +371,7 @@ def bench_w4a16(
                 ],
             ]
             if best is not None:
-                columns.append(
-                    [
-                        lambda i=i, cfg=best[1], asm=best[2], xs=xs, ps=ps: kernels.w4a16_matmul(
-                            xs[i % 2], ps[i], **_call(cfg, asm)
-                        )
-                        for i in range(n_q)
-                    ]
-                )
+                columns.append(_fused_calls(best[1], best[2], xs, ps))
             t_bf16, t_fallback, t_auto, *t_fused = graph_times(columns, reps)
             if best is not None:
                 best = (t_fused[0], *best[1:])
