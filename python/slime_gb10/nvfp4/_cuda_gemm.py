@@ -253,10 +253,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) CLUSTER_ATTR w4a16_g
     }
     cp_async_wait<0>();
 
-    // split-K: block `rank` sums rows [r0, r1) over the cluster's blocks, in rank order, from
+    // split-K: block `rank` sums rows [r0, r0 + share) over the cluster's blocks, in rank order, from
     // partials in shared memory (over the stages)
     float* red = (float*)smem;
-    const int r0 = rank * BN / CLUSTER, r1 = (rank + 1) * BN / CLUSTER, mloc = min(BM, M - m0);
+    const int share = BN / CLUSTER;  // rows summed per block (BN is a multiple of 16, CLUSTER of at most 8)
+    const int r0 = rank * share, mloc = min(BM, M - m0);
     const float out_scale = gs[0] * 128.f;
 #if PUSH
     // pushed into the summing block's shared memory at [source block][row - r0][token] (DSMEM
@@ -267,9 +268,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) CLUSTER_ATTR w4a16_g
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {  // the lane's rows g and g + 8 of the tile
-            // the row's partials in the summing block (BN / CLUSTER rows each), mapped once for all
-            // of its tokens
-            const int row = row0 + 16 * mt + g + 8 * hr, share = BN / CLUSTER;
+            // the row's partials in the summing block, mapped once for all of its tokens
+            const int row = row0 + 16 * mt + g + 8 * hr;
             const u32 dst = cluster_address(smem_addr(red + (rank * share + row % share) * RED_STRIDE), row / share);
 #pragma unroll
             for (int h = 0; h < NT; ++h)
@@ -298,13 +298,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) CLUSTER_ATTR w4a16_g
     __syncthreads();
 #endif
 #endif
-    for (int e = tid; e < (r1 - r0) * mloc; e += THREADS) {
-        const int row = e % (r1 - r0), t = e / (r1 - r0);
+    for (int e = tid; e < share * mloc; e += THREADS) {
+        const int row = e % share, t = e / share;
         float v = 0.f;
 #if PUSH
         const float* p = red + row * RED_STRIDE + t;
 #pragma unroll
-        for (int src = 0; src < CLUSTER; ++src) v += p[src * (r1 - r0) * RED_STRIDE];
+        for (int src = 0; src < CLUSTER; ++src) v += p[src * share * RED_STRIDE];
 #else
         const float* p = red + (r0 + row) * RED_STRIDE + t;
 #pragma unroll
