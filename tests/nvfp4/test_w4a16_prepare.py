@@ -412,7 +412,8 @@ def test_wgmma_plan():
     256 tokens), (2, 192), (2, 128), (1, 128), (1, 64) with at most M rounded up to 64 tokens (blocks
     of more than 128 tokens only where >= 80% of their tokens are real) whose blocks x a cluster of
     <= 2 (then <= 4) reach 99 (3/4 of 132) within one wave; else (1, 64) with the largest cluster
-    (up to 8 where K > 1024, else 4);
+    (up to 8 where K > 1024, else 4) that fits one wave. A wave is 132 blocks; 120 with clusters of 4
+    blocks of one SM each; 264 (1, 64) blocks (two an SM) where each keeps >= 8 steps of 128;
     (2, 192) instead of a (2, 256) that takes more than one wave where 0.8 x its last-wave use is
     higher; as many stages as fit up to 5 (a stage: 256 B per token + 72 B per row, 1024-aligned)."""
     from slime_gb10.nvfp4 import _cuda_wgmma as wg
@@ -453,6 +454,15 @@ def test_wgmma_plan():
     assert wg.plan(48, 576, 1536, 132) == tiling(1, 64, 5, 8)  # 9 x 8 = 72, 12 steps
     assert wg.plan(64, 1024, 1024, 132) == tiling(1, 64, 5, 4)  # 8 steps: one a block with 8
     assert wg.plan(64, 2048, 4864, 132) == tiling(1, 64, 5, 4)  # 32 x 4 = 128: the second pass
+    # two (1, 64) blocks an SM: 1536 rows at M = 192 are 24 x 3 = 72 blocks, x 2 = 144 <= 264 (35
+    # steps a block); 4864 x 896 at M = 64: 76 x 2 = 152 blocks of 3-4 steps are not a wave, 76 < 99
+    # and no larger cluster fits: clusters of 1
+    assert wg.plan(192, 1536, 8960, 132) == tiling(1, 64, 5, 2)
+    assert wg.plan(64, 8192, 8192, 132) == tiling(1, 64, 5, 2)  # 128 x 2 = 256 <= 264
+    assert wg.plan(64, 4864, 896, 132) == tiling(1, 64, 5, 1)
+    # clusters of 4 of (1, 128) blocks: 1024 rows at M = 192 are 16 x 2 = 32 blocks, x 4 = 128 > 120;
+    # (1, 64): 16 x 3 = 48, x 4 = 192 <= 264 (8 steps a block)
+    assert wg.plan(192, 1024, 4096, 132) == tiling(1, 64, 5, 4)
     # 4160 rows (65 x 64, not a multiple of 128): one warpgroup; M = 1024 -> (1, 128) = 520 blocks
     assert wg.plan(1024, 4160, 4096, 132) == tiling(1, 128, 5, 1)
     # a 100 KB limit: (1, 64) stages of 21504 B -> 4 (87040 B with the alignment slack)

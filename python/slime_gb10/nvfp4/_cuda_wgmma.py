@@ -519,6 +519,15 @@ MIN_TOKEN_USE = 0.8  # blocks of more than 128 tokens must use this share of the
 #: (NOTES.md v18), where it takes 5120 x 5120 at M = 1024 and 11008 x 4096 at M = 512 to 192 tokens
 #: (0.83x of the time) and leaves 11008 x 4096 at M = 1024 on 256 (192 took 1.25x there)
 RATE_192 = 0.8
+#: Blocks of a shape that run on one SM at once, where more than one: a (1, 64) block takes up to
+#: 106 KB of shared memory, so two share an SM (``cuOccupancyMaxActiveClusters``: 62 clusters of 4,
+#: NOTES.md v19)
+BLOCKS_PER_SM = {(1, 64): 2}
+#: The share of the SMs that clusters of 4 blocks of one SM each can hold at once: 30 clusters on the
+#: H100's 132 SMs (``cuOccupancyMaxActiveClusters``, NOTES.md v19; a GPC's leftover SMs stay idle)
+CLUSTER4_SM_SHARE = 120 / 132
+#: K steps of 128 a block must keep for a wave of two blocks per SM to pay (NOTES.md v20)
+MIN_STEPS_SHARED_SM = 8
 
 
 def plan(M: int, N: int, K: int, sm_count: int, smem_limit: int = HOPPER_SMEM) -> WgmmaPlan | None:
@@ -530,7 +539,9 @@ def plan(M: int, N: int, K: int, sm_count: int, smem_limit: int = HOPPER_SMEM) -
     real: M = 384 takes 2 x 192, not 2 x 256) whose blocks, split over a cluster of up to 2 (then, on
     a second pass, 4) blocks, fill three quarters of the SMs within one wave; where none does, the
     smallest shape with the largest cluster (up to 8 for 1 x 64 blocks where K > 1024, else 4) that
-    fits one wave. Where (2, 256) blocks take more than
+    fits one wave. A wave is one block per SM, but only :data:`CLUSTER4_SM_SHARE` of the SMs with
+    clusters of 4, and two (1, 64) blocks per SM where each keeps :data:`MIN_STEPS_SHARED_SM` steps
+    (NOTES.md v20: 0.82-0.95x of the time on layers with K >= 3072). Where (2, 256) blocks take more than
     one wave, (2, 192) ones instead if their last wave is fuller by more than their lower rate
     (:data:`RATE_192`). As many stages as fit (up to
     :data:`MAX_STAGES`), two A register sets (with the TMA producer, 0.85-0.9x of the time of four at
@@ -551,11 +562,23 @@ def plan(M: int, N: int, K: int, sm_count: int, smem_limit: int = HOPPER_SMEM) -
     def blocks(wg: int, bm: int) -> int:
         return N // (64 * wg) * -(-M // bm)
 
+    def wave(wg: int, bm: int, c: int) -> int:
+        """Blocks that run at once with clusters of ``c``."""
+        per_sm = BLOCKS_PER_SM.get((wg, bm), 1)
+        if per_sm == 1 and c == 4:
+            return int(sm_count * CLUSTER4_SM_SHARE)
+        if per_sm > 1 and K // (128 * c) >= MIN_STEPS_SHARED_SM:  # steps of 128 a block keeps
+            return sm_count * per_sm
+        return sm_count
+
     def cluster_for(wg: int, bm: int, most: int) -> int:
         fits = [
             c
             for c in (1, 2, 4, 8)
-            if c <= most and c <= K // 128 and (c < 8 or K > 8 * 128) and blocks(wg, bm) * c <= sm_count
+            if c <= most
+            and c <= K // 128
+            and (c < 8 or K > 8 * 128)
+            and blocks(wg, bm) * c <= wave(wg, bm, c)
         ]
         return fits[-1] if fits else 1
 
