@@ -620,9 +620,10 @@ def test_nvrtc_kernels_read_strided_and_unaligned_activations(kernels, engine, M
 
 def test_w4a16_linear_takes_the_wgmma_kernel_from_33_to_2048_tokens(kernels, monkeypatch):
     """On Hopper the automatic choice (``wgmma_is_faster``) takes the wgmma kernel at M = 33..2048 on
-    weights of 2**24 parameters (square, and N > K) and up to 192 on a smaller one, through
-    ``w4a16_linear`` (so the dequantize + cuBLAS fallback is not taken there either); not at M = 32
-    or 2049, nor at 256 on the small weight. The results match float64 either way."""
+    weights of 2**24 parameters (square, and N > K) and on smaller ones up to 256 where N <= K and up
+    to 128 where N > K, through ``w4a16_linear`` (so the dequantize + cuBLAS fallback is not taken
+    there either); not at M = 32 or 2049, nor past those on the small weights. The results match
+    float64 either way."""
     wgmma = _wgmma_engine(kernels)
     launches = []
     real = wgmma.w4a16_wgmma
@@ -643,8 +644,10 @@ def test_w4a16_linear_takes_the_wgmma_kernel_from_33_to_2048_tokens(kernels, mon
         (2049, 4096, 4096, False),
         (513, 8192, 2048, True),
         (2048, 8192, 2048, True),
-        (192, 896, 4864, True),
-        (256, 896, 4864, False),
+        (256, 896, 4864, True),
+        (257, 896, 4864, False),
+        (128, 4864, 896, True),
+        (129, 4864, 896, False),
     ]:
         if (N, K) not in weights:
             weights[N, K] = quantize_reference(torch.randn(N, K, device="cuda") * 0.05)

@@ -548,13 +548,17 @@ def test_wgmma_instruction_text():
 
 
 def test_wgmma_choice():
-    """The wgmma kernel at M = 33..2048 on shapes it tiles of >= 2**24 parameters (N > K or not), up
-    to 192 on smaller weights; and ``fused_is_faster`` takes it only where it runs (sm_90)."""
+    """The wgmma kernel at M = 33..2048 on shapes it tiles of >= 2**24 parameters (N > K or not); on
+    smaller weights up to 256 where N <= K, up to 128 where N > K; and ``fused_is_faster`` takes it
+    only where it runs (sm_90)."""
     assert not kernels.wgmma_is_faster(32, 4096, 4096) and kernels.wgmma_is_faster(33, 4096, 4096)
     assert kernels.wgmma_is_faster(2048, 4096, 14336) and not kernels.wgmma_is_faster(2049, 4096, 14336)
     assert kernels.wgmma_is_faster(2048, 14336, 4096) and not kernels.wgmma_is_faster(2049, 14336, 4096)
     assert kernels.wgmma_is_faster(1024, 4096, 4096)  # N = K
-    assert kernels.wgmma_is_faster(192, 896, 4864) and not kernels.wgmma_is_faster(193, 896, 4864)
+    assert kernels.wgmma_is_faster(256, 896, 4864) and not kernels.wgmma_is_faster(257, 896, 4864)
+    assert kernels.wgmma_is_faster(256, 2048, 2048) and not kernels.wgmma_is_faster(257, 2048, 2048)
+    assert kernels.wgmma_is_faster(128, 4864, 896) and not kernels.wgmma_is_faster(129, 4864, 896)
+    assert not kernels.fused_is_faster(129, 4864, 896, cuda_kernel=True, wgmma=True)  # dequantize + cuBLAS
     assert not kernels.wgmma_is_faster(64, 4096 + 32, 4096) and not kernels.wgmma_is_faster(
         64, 4096, 4096 + 64
     )
