@@ -541,7 +541,7 @@ def plan(M: int, N: int, K: int, sm_count: int, smem_limit: int = HOPPER_SMEM) -
     smallest shape with the largest cluster (up to 8 for 1 x 64 blocks where K > 1024, else 4) that
     fits one wave. A wave is one block per SM, but only :data:`CLUSTER4_SM_SHARE` of the SMs with
     clusters of 4, and two (1, 64) blocks per SM where each keeps :data:`MIN_STEPS_SHARED_SM` steps
-    (NOTES.md v20: 0.82-0.95x of the time on layers with K >= 3072). Where (2, 256) blocks take more than
+    (NOTES.md v20: 0.82-0.97x of the time on layers with K >= 3072). Where (2, 256) blocks take more than
     one wave, (2, 192) ones instead if their last wave is fuller by more than their lower rate
     (:data:`RATE_192`). As many stages as fit (up to
     :data:`MAX_STAGES`), two A register sets (with the TMA producer, 0.85-0.9x of the time of four at
