@@ -411,7 +411,8 @@ def test_wgmma_plan():
     """The wgmma kernel's tiling rule, hand-derived for 132 SMs: the first block shape of (2 warpgroups,
     256 tokens), (2, 192), (2, 128), (1, 128), (1, 64) with at most M rounded up to 64 tokens (blocks
     of more than 128 tokens only where >= 80% of their tokens are real) whose blocks x a cluster of
-    <= 2 (then <= 4) reach 99 (3/4 of 132) within one wave; else (1, 64) with the largest cluster
+    <= 2 (then <= 4; 4 at once for (1, 128) where each block keeps >= 8 steps of 128) reach 99 (3/4
+    of 132) within one wave; else (1, 64) with the largest cluster
     (up to 8 where K > 1024, else 4) that fits one wave. A wave is 132 blocks; 120 with clusters of 4
     blocks of one SM each; 264 (1, 64) blocks (two an SM) where each keeps >= 8 steps of 128;
     (2, 192) instead of a (2, 256) that takes more than one wave where 0.8 x its last-wave use is
@@ -448,6 +449,10 @@ def test_wgmma_plan():
     assert wg.plan(512, 11008, 4096, 132) == tiling(2, 192, 3, 1)
     # 896 rows at M = 128: nothing reaches 99 with clusters of 2; with 4, (1, 64) = 28 x 4 = 112
     assert wg.plan(128, 896, 4864, 132) == tiling(1, 64, 5, 4)
+    # at M = 256, (1, 128) blocks take clusters of 4 on the first pass (38 steps: 9 a block): 14 x 2
+    # x 4 = 112 <= 120, before (1, 64) with 2 (56 x 2 = 112); 1024 x 1024 has 2 steps a block with 4
+    assert wg.plan(256, 896, 4864, 132) == tiling(1, 128, 5, 4)
+    assert wg.plan(256, 1024, 1024, 132) == tiling(1, 64, 5, 2)
     # at M = 64: 14 blocks x 4 = 56 never reach 99: the smallest shape with the largest cluster, up to
     # 8 where K has more than 8 steps of 128 (14 x 8 = 112 <= 132)
     assert wg.plan(64, 896, 4864, 132) == tiling(1, 64, 5, 8)

@@ -537,7 +537,8 @@ def plan(M: int, N: int, K: int, sm_count: int, smem_limit: int = HOPPER_SMEM) -
     Fitted to sweeps on the H100 (NOTES.md v14): the first block shape of :data:`TILES` with at most
     ``M`` rounded up to 64 tokens (and, above 128 tokens, at least :data:`MIN_TOKEN_USE` of them
     real: M = 384 takes 2 x 192, not 2 x 256) whose blocks, split over a cluster of up to 2 (then, on
-    a second pass, 4) blocks, fill three quarters of the SMs within one wave; where none does, the
+    a second pass, 4; 1 x 128 blocks take 4 on the first pass where each keeps 8 steps of K) blocks,
+    fill three quarters of the SMs within one wave; where none does, the
     smallest shape with the largest cluster (up to 8 for 1 x 64 blocks where K > 1024, else 4) that
     fits one wave. A wave is one block per SM, but only :data:`CLUSTER4_SM_SHARE` of the SMs with
     clusters of 4, and two (1, 64) blocks per SM where each keeps :data:`MIN_STEPS_SHARED_SM` steps
@@ -586,6 +587,11 @@ def plan(M: int, N: int, K: int, sm_count: int, smem_limit: int = HOPPER_SMEM) -
     for most in (2, 4):
         for wg, bm in tiles:
             c = cluster_for(wg, bm, most)
+            if (wg, bm) == (1, 128) and K // (128 * 4) >= MIN_STEPS_SHARED_SM:
+                # (1, 128) blocks with clusters of 4 before (1, 64) ones with 2, where each block keeps
+                # >= 8 steps: 0.88-0.99x of the time on 896 x 4864 and 640 x 5120 at M = 224-384;
+                # larger blocks with 4 before smaller ones with 2 took 1.06-1.15x (NOTES.md v20)
+                c = cluster_for(wg, bm, 4)
             if blocks(wg, bm) * c >= 0.75 * sm_count:
                 choice = (wg, bm, c)
                 break
