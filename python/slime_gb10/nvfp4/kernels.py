@@ -28,8 +28,8 @@ activations in its 128-byte swizzle, copied by the TMA unit from a producer warp
 next step overlapping the MMA in flight)
 and the "wide" Triton kernel, which keeps the weights in registers as the MMA's A operand (``wgmma``
 on sm_90; taken where the CUDA kernels do not run). Measured on an H100 (BENCHMARKS.md, NOTES.md):
-about 2x of BF16 cuBLAS at M <= 4, 1.4-1.7x at M = 16, 1.3-1.6x at M = 32, 1.12-1.49x at M = 64,
-1.0-1.35x at M = 128, 0.85-1.0x at M = 256 and 0.69-0.84x at M = 1024 on 4096-14336 wide layers
+about 2x of BF16 cuBLAS at M <= 4, 1.4-1.7x at M = 16, 1.25-1.6x at M = 32, 1.13-1.47x at M = 64,
+1.0-1.35x at M = 128, 0.83-1.0x at M = 256 and 0.68-0.9x at M = 1024 on 4096-14336 wide layers
 (the format allows ~3.5x); above the wgmma kernel's range :func:`w4a16_linear` dequantizes and calls
 cuBLAS instead (~0.9x of BF16).
 """
