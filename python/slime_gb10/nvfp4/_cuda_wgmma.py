@@ -526,8 +526,9 @@ BLOCKS_PER_SM = {(1, 64): 2}
 #: The share of the SMs that clusters of 4 blocks of one SM each can hold at once: 30 clusters on the
 #: H100's 132 SMs (``cuOccupancyMaxActiveClusters``, NOTES.md v19; a GPC's leftover SMs stay idle)
 CLUSTER4_SM_SHARE = 120 / 132
-#: K steps of 128 a block must keep for a wave of two blocks per SM to pay (NOTES.md v20)
-MIN_STEPS_SHARED_SM = 8
+#: K steps of 128 each block of a cluster must keep for a wider split to pay: a wave of two (1, 64)
+#: blocks per SM, and (1, 128) blocks with clusters of 4 on the first pass (NOTES.md v20)
+MIN_SPLIT_STEPS = 8
 
 
 def plan(M: int, N: int, K: int, sm_count: int, smem_limit: int = HOPPER_SMEM) -> WgmmaPlan | None:
@@ -541,7 +542,7 @@ def plan(M: int, N: int, K: int, sm_count: int, smem_limit: int = HOPPER_SMEM) -
     fill three quarters of the SMs within one wave; where none does, the
     smallest shape with the largest cluster (up to 8 for 1 x 64 blocks where K > 1024, else 4) that
     fits one wave. A wave is one block per SM, but only :data:`CLUSTER4_SM_SHARE` of the SMs with
-    clusters of 4, and two (1, 64) blocks per SM where each keeps :data:`MIN_STEPS_SHARED_SM` steps
+    clusters of 4, and two (1, 64) blocks per SM where each keeps :data:`MIN_SPLIT_STEPS` steps
     (NOTES.md v20: 0.82-0.97x of the time on layers with K >= 3072). Where (2, 256) blocks take more than
     one wave, (2, 192) ones instead if their last wave is fuller by more than their lower rate
     (:data:`RATE_192`). As many stages as fit (up to
@@ -568,7 +569,7 @@ def plan(M: int, N: int, K: int, sm_count: int, smem_limit: int = HOPPER_SMEM) -
         per_sm = BLOCKS_PER_SM.get((wg, bm), 1)
         if per_sm == 1 and c == 4:
             return int(sm_count * CLUSTER4_SM_SHARE)
-        if per_sm > 1 and K // (128 * c) >= MIN_STEPS_SHARED_SM:  # steps of 128 a block keeps
+        if per_sm > 1 and K // (128 * c) >= MIN_SPLIT_STEPS:  # steps of 128 a block keeps
             return sm_count * per_sm
         return sm_count
 
@@ -587,7 +588,7 @@ def plan(M: int, N: int, K: int, sm_count: int, smem_limit: int = HOPPER_SMEM) -
     for most in (2, 4):
         for wg, bm in tiles:
             c = cluster_for(wg, bm, most)
-            if (wg, bm) == (1, 128) and K // (128 * 4) >= MIN_STEPS_SHARED_SM:
+            if (wg, bm) == (1, 128) and K // (128 * 4) >= MIN_SPLIT_STEPS:
                 # (1, 128) blocks with clusters of 4 before (1, 64) ones with 2, where each block keeps
                 # >= 8 steps: 0.88-0.99x of the time on 896 x 4864 and 640 x 5120 at M = 224-384;
                 # larger blocks with 4 before smaller ones with 2 took 1.06-1.15x (NOTES.md v20)
