@@ -660,6 +660,50 @@ def test_w4a16_linear_takes_the_wgmma_kernel_from_33_to_2048_tokens(kernels, mon
         assert float((out.double() - expected).norm() / expected.norm()) < 1e-2
 
 
+def test_wgmma_plan_counts_only_the_waves_the_device_holds(kernels):
+    """``plan`` counts a wave of (1, 64) blocks as ``BLOCKS_PER_SM`` of them per SM, and one of
+    clusters of 4 blocks that take an SM each as ``CLUSTER4_SM_SHARE`` of the SMs (the H100 SXM: 30
+    clusters, NOTES.md v19-v20). The driver's occupancy query on this device must find at least that
+    much room at once, or the plan would count on waves that do not fit; and no more than one such
+    (1, 128) block per SM, or the share would undercount."""
+    import ctypes
+
+    from slime_gb10.nvfp4._cuda_w4a16 import opt_in_shared_memory
+
+    wgmma = _wgmma_engine(kernels)
+    index = torch.cuda.current_device()
+    sms = torch.cuda.get_device_properties(index).multi_processor_count
+
+    class LaunchConfig(ctypes.Structure):  # CUlaunchConfig (cuda.h)
+        _fields_ = [
+            *((name, ctypes.c_uint) for name in ("gx", "gy", "gz", "bx", "by", "bz", "smem")),
+            ("stream", ctypes.c_void_p),
+            ("attrs", ctypes.c_void_p),
+            ("nattrs", ctypes.c_uint),
+        ]
+
+    def clusters_at_once(p) -> int:
+        kernel = wgmma._kernel(index, p)
+        smem = wgmma.shared_bytes(p)
+        opt_in_shared_memory(kernel, smem)
+        # a grid of 4 blocks per SM: the answer is the device's room, not the grid's size
+        config = LaunchConfig(4 * sms // p.cluster, p.cluster, 1, p.threads, 1, 1, smem, None, None, 0)
+        count = ctypes.c_int(-1)
+        rc = wgmma._driver().cuOccupancyMaxActiveClusters(
+            ctypes.byref(count), kernel.func, ctypes.byref(config)
+        )
+        assert rc == 0, f"cuOccupancyMaxActiveClusters failed with CUresult {rc} for {p}"
+        return count.value
+
+    small = wgmma.WgmmaPlan(1, 64, 5, 2)
+    room = 2 * clusters_at_once(small)
+    assert room >= wgmma.BLOCKS_PER_SM[(1, 64)] * sms, f"{room} (1, 64) blocks at once on {sms} SMs"
+    large = wgmma.WgmmaPlan(1, 128, 5, 4)
+    assert wgmma.shared_bytes(large) > wgmma.max_shared_bytes(index) // 2  # one block per SM
+    room = 4 * clusters_at_once(large)
+    assert room >= int(sms * wgmma.CLUSTER4_SM_SHARE), f"{room} blocks in clusters of 4 on {sms} SMs"
+
+
 def test_wgmma_refuses_shapes_it_cannot_tile(kernels):
     _wgmma_engine(kernels)
     q = quantize_reference(torch.randn(224, 256, device="cuda"))
