@@ -587,12 +587,11 @@ def plan(M: int, N: int, K: int, sm_count: int, smem_limit: int = HOPPER_SMEM) -
     choice = None
     for most in (2, 4):
         for wg, bm in tiles:
-            c = cluster_for(wg, bm, most)
-            if (wg, bm) == (1, 128) and K // (128 * 4) >= MIN_SPLIT_STEPS:
-                # (1, 128) blocks with clusters of 4 before (1, 64) ones with 2, where each block keeps
-                # >= 8 steps: 0.88-0.99x of the time on 896 x 4864 and 640 x 5120 at M = 224-384;
-                # larger blocks with 4 before smaller ones with 2 took 1.06-1.15x (NOTES.md v20)
-                c = cluster_for(wg, bm, 4)
+            # (1, 128) blocks take clusters of 4 already on the first pass, before (1, 64) ones with 2,
+            # where each block keeps >= 8 steps: 0.88-0.99x of the time on 896 x 4864 and 640 x 5120 at
+            # M = 224-384; larger blocks so took 1.06-1.15x (NOTES.md v20)
+            early = (wg, bm) == (1, 128) and K // (128 * 4) >= MIN_SPLIT_STEPS
+            c = cluster_for(wg, bm, 4 if early else most)
             if blocks(wg, bm) * c >= 0.75 * sm_count:
                 choice = (wg, bm, c)
                 break
