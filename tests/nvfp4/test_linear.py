@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -157,6 +159,33 @@ def test_quantize_model_include_exclude_and_skips_odd_widths():
     model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 20), nn.Linear(20, 16))
     assert quantize_model(model, exclude=["2"]) == ["0"]  # "3" has in_features 20: not a multiple of 16
     assert isinstance(model[3], nn.Linear) and not isinstance(model[3], NVFP4Linear)
+
+
+def test_quantize_model_calibrates_the_unquantized_model_with_forward_loop():
+    """input_amax = the largest |x| each layer sees in the *unquantized* model (ModelOpt's way; the
+    bytes against ModelOpt itself: test_modelopt_parity.py), computed here with a copy of the model
+    kept in FP32."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 48), nn.Linear(48, 16))
+    original = copy.deepcopy(model)
+    batches = [torch.randn(4, 32), 3.0 * torch.randn(2, 32)]
+    quantize_model(model, exclude=(), forward_loop=lambda m: [m(b) for b in batches])
+    with torch.no_grad():
+        hidden = [original[0](b) for b in batches]
+        quantized_hidden = [model[0](b) for b in batches]
+    assert float(model[0].input_amax) == max(float(b.abs().max()) for b in batches)
+    assert float(model[1].input_amax) == max(float(h.abs().max()) for h in hidden)
+    assert float(model[1].input_amax) != max(float(h.abs().max()) for h in quantized_hidden)
+    # a loop that fails leaves the model as it was: no hooks, nothing replaced
+    model = nn.Sequential(nn.Linear(16, 16))
+
+    def broken(m):
+        m(torch.ones(1, 16))
+        raise RuntimeError("data loader died")
+
+    with pytest.raises(RuntimeError, match="data loader died"):
+        quantize_model(model, exclude=(), forward_loop=broken)
+    assert type(model[0]) is nn.Linear and not model[0]._forward_pre_hooks
 
 
 def test_calibrated_activation_quantization_uses_the_static_served_scale():

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -400,6 +400,7 @@ def quantize_model(
     backend: str | None = None,
     quantize_activations: bool = False,
     share_fused_scales: bool = True,
+    forward_loop: Callable[[nn.Module], object] | None = None,
 ) -> list[str]:
     """Replace the model's ``nn.Linear`` layers by :class:`NVFP4Linear` in place.
 
@@ -407,6 +408,14 @@ def quantize_model(
     also matches, e.g. ``"lm_head"``); ``exclude`` defaults to :data:`DEFAULT_EXCLUDE`. Layers whose
     ``in_features`` is not a multiple of 16 stay as they are. With ``share_fused_scales``, sibling
     projections that inference engines fuse (q/k/v, gate/up) get one shared global scale.
+
+    ``forward_loop(model)``, if given, runs the model on calibration batches *before* its weights
+    are quantized, and each layer keeps the largest ``|x|`` it saw as ``input_amax`` (the
+    checkpoint's ``input_scale`` is ``input_amax / (6 * 448)``). This is what ModelOpt's
+    ``mtq.quantize(model, NVFP4_DEFAULT_CFG, forward_loop)`` does, and the exported checkpoint is
+    then bit-identical to ModelOpt's ``export_hf_checkpoint`` (tests/nvfp4/test_modelopt_parity.py).
+    :func:`calibration` instead records the activations of the quantized model (after QAT, or on a
+    loaded checkpoint, where no unquantized weights exist).
     Returns the names of the replaced modules.
     """
     exclude = tuple(DEFAULT_EXCLUDE if exclude is None else exclude)
@@ -435,6 +444,8 @@ def quantize_model(
             for n in group:
                 chosen.pop(n, None)
 
+    input_amax = {} if forward_loop is None else unquantized_input_amax(model, chosen, forward_loop)
+
     global_scales: dict[str, torch.Tensor] = {}
     if share_fused_scales:
         for group in fused_groups(chosen):
@@ -450,6 +461,9 @@ def quantize_model(
             global_scale=global_scales.get(name),
             quantize_activations=quantize_activations,
         )
+        if name in input_amax:
+            with torch.no_grad():
+                layer.input_amax.copy_(input_amax[name])
         parent_name, _, leaf = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, leaf, layer)
@@ -461,6 +475,35 @@ def quantize_model(
     return list(chosen)
 
 
+def unquantized_input_amax(
+    model: nn.Module, layers: dict[str, nn.Linear], forward_loop: Callable[[nn.Module], object]
+) -> dict[str, torch.Tensor]:
+    """The largest ``|x|`` each of ``layers`` sees while ``forward_loop(model)`` runs (no gradients).
+
+    A layer the loop never reaches is left out (export then refuses it as uncalibrated).
+    """
+    seen: dict[str, torch.Tensor] = {}
+
+    def recorder(name: str):
+        def record(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            x = args[0] if args else kwargs["input"]
+            amax = x.detach().abs().amax().float()
+            seen[name] = amax if name not in seen else torch.maximum(seen[name], amax)
+
+        return record
+
+    hooks = [
+        layer.register_forward_pre_hook(recorder(name), with_kwargs=True) for name, layer in layers.items()
+    ]
+    try:
+        with torch.no_grad():
+            forward_loop(model)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return seen
+
+
 def nvfp4_layers(model: nn.Module) -> Iterator[tuple[str, NVFP4Linear]]:
     for name, module in model.named_modules():
         if isinstance(module, NVFP4Linear):
@@ -470,6 +513,9 @@ def nvfp4_layers(model: nn.Module) -> Iterator[tuple[str, NVFP4Linear]]:
 @contextlib.contextmanager
 def calibration(model: nn.Module) -> Iterator[nn.Module]:
     """Record each :class:`NVFP4Linear`'s input amax while active (for the checkpoint's ``input_scale``).
+
+    The activations are the quantized model's. To calibrate on the unquantized model, as ModelOpt
+    does, pass ``forward_loop`` to :func:`quantize_model` instead.
 
     >>> with calibration(model):
     ...     model(batch)
