@@ -57,8 +57,10 @@ def test_layout_matches_the_modelopt_nvfp4_linear_method(exported):
     layer = model.get_submodule(name)
     assert float(tensors[f"{name}.input_scale"]) == pytest.approx(float(layer.input_amax) / 2688, rel=1e-6)
     # unquantized modules in BF16
-    assert tensors["lm_head.weight"].dtype == torch.bfloat16 and tensors["lm_head.weight"].shape == (256, 64)
     assert tensors["model.embed_tokens.weight"].dtype == torch.bfloat16
+    assert tensors["model.embed_tokens.weight"].shape == (256, 64)
+    # the lm_head is tied to the embeddings: written once, as transformers and ModelOpt do
+    assert "lm_head.weight" not in tensors
     assert tensors["model.norm.weight"].dtype == torch.bfloat16
     n_quantized = sum(k.endswith(".weight_scale") for k in tensors)
     assert n_quantized == 14
@@ -82,6 +84,11 @@ def test_quantization_configs(exported):
     # what SGLang's ModelOptFp4Config.from_config reads from the flat (config.json) form
     assert qc["quant_method"] == "modelopt" and qc["quant_algo"] == "NVFP4" and qc["group_size"] == 16
     assert qc["ignore"] == ["lm_head"] and qc["exclude_modules"] == ["lm_head"]
+    # ModelOpt 0.47's form of the same (llm-compressor's schema), where group_size also lives
+    group = qc["config_groups"]["group_0"]
+    assert group["targets"] == ["Linear"]
+    for operand in ("weights", "input_activations"):
+        assert group[operand] == {"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16}
     assert config["model_type"] == "llama" and config["hidden_size"] == 64
     legacy = json.loads((out / "hf_quant_config.json").read_text())
     assert legacy["quantization"]["quant_algo"] == "NVFP4" and legacy["quantization"]["group_size"] == 16
@@ -119,6 +126,21 @@ def test_round_trip_is_bit_exact(exported, llama):
         if a.dtype == torch.float8_e4m3fn:
             a, b = a.view(torch.uint8), b.view(torch.uint8)
         assert torch.equal(a, b), key
+
+
+def test_untied_lm_head_is_written_and_a_missing_tensor_is_refused_on_load(tmp_path, tiny_llama):
+    model = tiny_llama(tie_word_embeddings=False, dtype=torch.bfloat16)
+    quantize_model(model, forward_loop=lambda m: m(torch.randint(0, 256, (2, 8))))
+    export_nvfp4(model, tmp_path / "untied")
+    tensors = _tensors(tmp_path / "untied")
+    assert torch.equal(tensors["lm_head.weight"], model.lm_head.weight)
+    assert not torch.equal(tensors["lm_head.weight"], tensors["model.embed_tokens.weight"])
+    # a checkpoint of a tied model lacks lm_head.weight: an untied model must not keep a random head
+    tied = tiny_llama(tie_word_embeddings=True, dtype=torch.bfloat16)
+    quantize_model(tied, forward_loop=lambda m: m(torch.randint(0, 256, (2, 8))))
+    export_nvfp4(tied, tmp_path / "tied")
+    with pytest.raises(CheckpointError, match=r"lacks 1 tensors.*lm_head\.weight.*tie_word_embeddings"):
+        load_nvfp4(tiny_llama(tie_word_embeddings=False, dtype=torch.bfloat16), tmp_path / "tied")
 
 
 def test_export_needs_nvfp4_layers(tmp_path):

@@ -14,11 +14,14 @@ tensor                     dtype               shape
 Everything else (``lm_head``, norms, embeddings) is stored in BF16, except tensors matching
 ``keep_fp32`` (e.g. MoE router biases, which BF16 rounding corrupts). ``config.json`` gets a flat
 ``quantization_config`` (``quant_method: modelopt``, ``quant_algo: NVFP4``, ``group_size: 16``,
-``ignore``/``exclude_modules``), the form ModelOpt writes today and SGLang's
+``config_groups``, ``ignore``/``exclude_modules``), the form ModelOpt writes today and SGLang's
 ``ModelOptFp4Config.from_config`` reads first; ``hf_quant_config.json`` carries the legacy nested
 form (``{"producer": ..., "quantization": {...}}``). Sibling projections that engines fuse
 (q/k/v, gate/up) are written with one shared ``weight_scale_2`` and ``input_scale``, because the
-fused layer keeps only one (SGLang takes the max over the shards).
+fused layer keeps only one (SGLang takes the max over the shards). A tied weight (``lm_head`` =
+``embed_tokens``) is written once, under its first name, as transformers and ModelOpt do.
+Calibrated with ``quantize_model(..., forward_loop=...)``, the checkpoint's tensors are
+byte-for-byte those of ModelOpt's ``export_hf_checkpoint`` (tests/nvfp4/test_modelopt_parity.py).
 """
 
 from __future__ import annotations
@@ -57,10 +60,19 @@ class CheckpointError(ValueError):
 
 
 def quantization_config(exclude_modules: list[str]) -> dict:
-    """The flat ``quantization_config`` for ``config.json`` (ModelOpt's current form)."""
+    """The flat ``quantization_config`` for ``config.json`` (ModelOpt's current form).
+
+    ``config_groups`` is what ModelOpt 0.47's ``export_hf_checkpoint`` writes (llm-compressor's
+    schema: static FP4 weights and activations in groups of 16, on ``Linear`` layers); the top-level
+    ``group_size`` is what SGLang's ``ModelOptFp4Config.from_config`` reads first.
+    """
+    fp4_groups = {"dynamic": False, "num_bits": 4, "type": "float", "group_size": BLOCK_SIZE}
     return {
         "quant_method": "modelopt",
         "quant_algo": QUANT_ALGO,
+        "config_groups": {
+            "group_0": {"input_activations": fp4_groups, "weights": dict(fp4_groups), "targets": ["Linear"]}
+        },
         "group_size": BLOCK_SIZE,
         "kv_cache_quant_algo": None,
         "exclude_modules": list(exclude_modules),
@@ -125,9 +137,9 @@ def nvfp4_state_dict(
         raise CheckpointError(
             f"{len(uncalibrated)} NVFP4 layers have no activation scale (e.g. {uncalibrated[:3]}): "
             "SGLang quantizes activations with input_scale, so a made-up one (1.0) clips or flushes "
-            "them to zero. Run the model on a few representative batches inside "
-            "`with slime_gb10.nvfp4.calibration(model): ...` before exporting, or pass "
-            "allow_uncalibrated=True to write input_scale = 1.0 knowingly."
+            "them to zero. Quantize with quantize_model(model, forward_loop=...) running a few "
+            "representative batches, or run them inside `with slime_gb10.nvfp4.calibration(model): "
+            "...` before exporting, or pass allow_uncalibrated=True to write input_scale = 1.0 knowingly."
         )
     for name in uncalibrated:
         input_scales[name] = torch.ones((), dtype=torch.float32)
@@ -148,15 +160,25 @@ def nvfp4_state_dict(
             out[prefix + "bias"] = layer.bias.detach().to(torch.bfloat16)
 
     layer_prefixes = tuple(f"{name}." for name in layers)
+    written: set[tuple] = set()
     for key, tensor in model.state_dict().items():
         if "" in layers or key.startswith(layer_prefixes):  # an NVFP4 layer's own tensors: done above
             continue
+        if _storage_key(tensor) in written:
+            # a tied weight (lm_head = embed_tokens): written once under its first name, as
+            # transformers' save_pretrained and ModelOpt's export do; loading re-ties it
+            continue
+        written.add(_storage_key(tensor))
         tensor = tensor.detach()
         if tensor.is_floating_point() and not any(fnmatch.fnmatchcase(key, p) for p in keep_fp32):
             tensor = tensor.to(torch.bfloat16)
         out[key] = tensor
-    # safetensors refuses tensors that share memory (tied embeddings): give each its own copy.
     return {k: v.detach().cpu().contiguous().clone() for k, v in out.items()}
+
+
+def _storage_key(tensor: torch.Tensor) -> tuple:
+    """Equal for two state-dict entries that are the same tensor (tied weights)."""
+    return (tensor.device, tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()))
 
 
 def excluded_modules(model: nn.Module) -> list[str]:
@@ -274,6 +296,19 @@ def load_nvfp4(
     unexpected = sorted(k for k in tensors if k not in state)
     if unexpected:
         raise CheckpointError(f"checkpoint tensors that the model does not have: {unexpected[:5]}")
+    loaded = {_storage_key(state[k]) for k in tensors}
+    layer_prefixes = tuple(f"{name}." for name in layers)
+    absent = sorted(
+        k
+        for k, t in state.items()
+        if k not in tensors and not k.startswith(layer_prefixes) and _storage_key(t) not in loaded
+    )
+    if absent:
+        raise CheckpointError(
+            f"checkpoint lacks {len(absent)} tensors the model has (e.g. {absent[:3]}); a tied "
+            "lm_head is written once, as embed_tokens: build the model with the checkpoint's "
+            "config.json (tie_word_embeddings included)"
+        )
     with torch.no_grad():
         for key, tensor in tensors.items():
             state[key].copy_(tensor.to(state[key].dtype))
