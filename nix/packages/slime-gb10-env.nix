@@ -36,6 +36,7 @@ let
       ps.hypothesis
       ps.matplotlib
       ps.pyarrow
+      ps.nvidia-modelopt # NVIDIA's NVFP4 implementation, for the parity tests
     ]
     ++ ps.slime-gb10.optional-dependencies.gguf
   );

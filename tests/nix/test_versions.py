@@ -68,6 +68,19 @@ def test_megatron_core_version_satisfies_the_extra(nix_eval, flake_expr):
     assert 'disabled = pythonOlder "3.12";' in text
 
 
+def test_nvidia_modelopt_is_the_version_the_test_extra_pins(nix_eval, flake_expr):
+    version = nix_eval(
+        '(builtins.head (builtins.filter (p: (p.pname or null) == "nvidia-modelopt") '
+        f"{flake_expr}.packages.aarch64-linux.slime-gb10.python.packages)).version"
+    )
+    (req,) = [
+        Requirement(r)
+        for r in PYPROJECT["project"]["optional-dependencies"]["test"]
+        if Requirement(r).name == "nvidia-modelopt"
+    ]
+    assert str(req.specifier) == f"=={version}"  # the parity tests compare bytes with one version
+
+
 def test_sri_hashes_are_well_formed():
     import base64
 

@@ -200,6 +200,13 @@ let
       accelerate = simple "accelerate";
       matplotlib = simple "matplotlib";
       pyarrow = simple "pyarrow";
+      ninja = simple "ninja";
+      nvidia-ml-py = simple "nvidia-ml-py";
+      omegaconf = simple "omegaconf";
+      pulp = simple "pulp";
+      regex = simple "regex";
+      rich = simple "rich";
+      scipy = simple "scipy";
       # pkgs/development/python-modules/sglang-kernel/default.nix (arguments and the attributes
       # the overlay extends: patches, cmakeFlags, preBuild)
       sglang-kernel = callPy (
