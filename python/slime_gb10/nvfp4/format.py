@@ -20,8 +20,9 @@ Choices made where the format leaves room (each one is tested):
   element (NVIDIA's CUDA kernels multiply by a reciprocal instead, which can differ by one ulp
   right at an E2M1 rounding boundary). The Triton kernel uses the same operations bit for bit.
 * A block whose scale rounds to 0 (an all-zero block, or one below E4M3's smallest subnormal
-  relative to the tensor's amax) stores scale 0 and codes 0. ModelOpt writes 1.0 (or 2**-9) there
-  instead; both decode to the same zeros for all-zero blocks.
+  relative to the tensor's amax) stores scale 0 and codes 0, as SGLang's FP4 quantizer does.
+  ModelOpt writes 1.0 (or 2**-9) there instead; both decode to the same zeros for all-zero blocks.
+  Everywhere else our bytes are ModelOpt's (``tests/nvfp4/test_modelopt_parity.py`` runs it).
 * The sign bit is ``x < 0`` (as ModelOpt's ``_cast_fp4``): ``-0.0`` gets code 0, a small negative
   number that rounds to zero gets code 8 (``-0``); both dequantize to a zero.
 * An all-zero (or empty) tensor gets ``global_scale = 1.0`` instead of ``0`` (which would make
