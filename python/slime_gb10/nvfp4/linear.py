@@ -39,8 +39,34 @@ PACKED_BACKENDS = ("w4a16", "reference")
 MASTER_WEIGHT_BACKENDS = ("te", "qat")
 
 #: Modules ``quantize_model`` leaves alone unless ``exclude`` is given: the output head
-#: (often tied to the embeddings, and the most quantization-sensitive layer) and embeddings.
-DEFAULT_EXCLUDE = ("lm_head", "*lm_head", "*embed*", "*wte", "*wpe")
+#: (often tied to the embeddings, and the most quantization-sensitive layer), embeddings, and the
+#: linear layers of ModelOpt 0.47's ``default_disabled_quantizers`` (MoE routers and shared-expert
+#: gates, which SGLang builds unquantized; multi-token-prediction heads; vision towers and
+#: projectors; gated-delta-net ``in_proj_a/b``). A model quantized with these defaults has the
+#: NVFP4 layers ModelOpt's ``NVFP4_DEFAULT_CFG`` gives it (test_modelopt_parity.py).
+#: ModelOpt's top-level ``output.*`` is left out: as a bare leaf name here it would match any
+#: module called ``output``.
+DEFAULT_EXCLUDE = (
+    "lm_head",
+    "*lm_head",
+    "*embed*",
+    "*wte",
+    "*wpe",
+    "*output_layer*",
+    "*router*",
+    "*mlp.gate",
+    "*mlp.shared_expert_gate",
+    "*block_sparse_moe.gate*",
+    "*linear_attn.in_proj_a*",
+    "*linear_attn.in_proj_b*",
+    "*proj_out",
+    "mtp.*",
+    "*vision_tower*",
+    "*visual*",
+    "*vision_model*",
+    "*embed_vision*",
+    "*multi_modal_projector*",
+)
 
 
 # ---------------------------------------------------------------------------------------------
