@@ -125,10 +125,31 @@ def _shared_quantized_weights(model: nn.Module) -> dict[str, NVFP4Tensor]:
     return weights
 
 
+def _refuse_fused_experts(model: nn.Module) -> None:
+    """MoE experts stored as 3-D parameters (transformers' fused ``*Experts`` modules) are not
+    ``nn.Linear`` layers, so they stay unquantized, under names (``experts.gate_up_proj``) that
+    differ from the per-expert ones checkpoints use and SGLang loads. Refuse rather than write that."""
+    fused = [
+        f"{name}.{pname} {list(p.shape)}" if name else f"{pname} {list(p.shape)}"
+        for name, module in model.named_modules()
+        if not isinstance(module, nn.modules.conv._ConvNd)
+        for pname, p in module.named_parameters(recurse=False)
+        if p.dim() >= 3 and p.is_floating_point()
+    ]
+    if fused:
+        raise CheckpointError(
+            f"the model has {len(fused)} fused MoE expert weights (e.g. {fused[:2]}); NVFP4Linear "
+            "replaces nn.Linear layers only, and a checkpoint with these unquantized under their fused "
+            "names is not what SGLang or vLLM load. Quantize and export this model with NVIDIA ModelOpt "
+            "(mtq.quantize(model, mtq.NVFP4_DEFAULT_CFG, forward_loop) + export_hf_checkpoint)."
+        )
+
+
 def nvfp4_state_dict(
     model: nn.Module, keep_fp32: tuple[str, ...] = DEFAULT_KEEP_FP32, *, allow_uncalibrated: bool = False
 ) -> dict[str, torch.Tensor]:
     """The tensors of the ModelOpt NVFP4 checkpoint of ``model`` (on the CPU, contiguous)."""
+    _refuse_fused_experts(model)
     layers = dict(nvfp4_layers(model))
     weights = _shared_quantized_weights(model)
     input_scales = {name: _input_scale(layer) for name, layer in layers.items()}
