@@ -143,24 +143,10 @@ def test_untied_lm_head_is_written_and_a_missing_tensor_is_refused_on_load(tmp_p
         load_nvfp4(tiny_llama(tie_word_embeddings=False, dtype=torch.bfloat16), tmp_path / "tied")
 
 
-def test_export_refuses_fused_moe_experts_it_cannot_write(tmp_path):
+def test_export_refuses_fused_moe_experts_it_cannot_write(tmp_path, tiny_causal_lm):
     """transformers keeps MoE experts as 3-D parameters (not nn.Linear): left in BF16 under their
     fused names they would not load in SGLang. The export says so and writes nothing."""
-    import transformers
-
-    config = transformers.Qwen2MoeConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        shared_expert_intermediate_size=64,
-    )
-    model = transformers.Qwen2MoeForCausalLM(config).eval()
+    model = tiny_causal_lm("Qwen2Moe")
     assert "model.layers.0.mlp.shared_expert_gate" not in quantize_model(model)  # a router-like gate
     with pytest.raises(CheckpointError, match=r"fused MoE expert weights.*experts\.gate_up_proj.*ModelOpt"):
         export_nvfp4(model, tmp_path / "moe", allow_uncalibrated=True)
