@@ -13,6 +13,7 @@ import copy
 import json
 import types
 import warnings
+import zlib
 
 import pytest
 import torch
@@ -79,7 +80,7 @@ def ties_and_saturation() -> torch.Tensor:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("shape", [(16,), (3, 32), (64, 1024), (2, 5, 160)])
 def test_quantize_is_bit_identical_to_modelopt(modelopt, shape, dtype):
-    g = torch.Generator().manual_seed(hash((shape, str(dtype))) % 2**31)
+    g = torch.Generator().manual_seed(zlib.crc32(repr((shape, dtype)).encode()))  # str hash() varies per run
     # rows two decades apart on either side: every block scale stays inside E4M3's range
     row_scale = 10.0 ** (torch.rand(*shape[:-1], 1, generator=g) * 4 - 2)
     x = (torch.randn(*shape, generator=g) * row_scale).to(dtype)
