@@ -126,7 +126,7 @@ def test_ctrl_c_exits_130_and_says_where_the_checkpoint_is(monkeypatch, tmp_path
     def interrupted(self):
         raise trainer_module.TrainingInterrupted(tmp_path / "run" / "checkpoints" / "step-000001", 1)
 
-    monkeypatch.setattr(trainer_module.GRPOTrainer, "setup", lambda self, resume=False: None)
+    monkeypatch.setattr(trainer_module.GRPOTrainer, "setup", lambda self, resume=False, overwrite=False: None)
     monkeypatch.setattr(trainer_module.GRPOTrainer, "train", interrupted)
     result = invoke("train", "--model", str(tiny_dir), "--output", str(tmp_path / "run"), "--device", "cpu")
     assert result.exit_code == 130

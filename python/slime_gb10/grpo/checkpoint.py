@@ -5,11 +5,17 @@ Each checkpoint directory holds ``policy.pt`` (model + optimizer + scheduler, fr
 numpy / torch) and ``meta.json``. The directory is built under a temporary name and renamed into
 place (:func:`slime_gb10.utils.atomic.atomic_directory`), so a crash never leaves a half-written
 checkpoint, and the newest complete one is what ``--resume`` finds.
+
+A checkpoint is data, never code: both ``.pt`` files are read with ``torch.load(weights_only=True)``
+(tensors, numbers, strings, lists, tuples and dicts only), so a tampered file is an error, not a
+program. That is why the RNG states are stored as tensors and plain numbers (:func:`rng_state`).
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import random
 import re
 import shutil
@@ -20,26 +26,49 @@ from typing import Any
 import numpy as np
 import torch
 
-from slime_gb10.utils.atomic import atomic_directory
+from slime_gb10.utils.atomic import atomic_directory, clean_stale_siblings
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT_DIR = "checkpoints"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint cannot be found or read; the message names the path."""
+    """A checkpoint cannot be found, read or written; the message names the path and the way on."""
 
 
 def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every RNG state a step depends on, as tensors and plain numbers (loadable with weights_only)."""
+    np_state = np.random.get_state(legacy=False)
+    state: dict[str, Any] = {
+        "python": random.getstate(),  # (version, tuple of 625 ints, gauss or None)
+        "numpy": {
+            "bit_generator": np_state["bit_generator"],
+            "key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
+            "pos": int(np_state["state"]["pos"]),
+            "has_gauss": int(np_state["has_gauss"]),
+            "gauss": float(np_state["gauss"]),
+        },
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state(
+        {
+            "bit_generator": n["bit_generator"],
+            "state": {"key": n["key"].numpy().astype(np.uint32), "pos": int(n["pos"])},
+            "has_gauss": int(n["has_gauss"]),
+            "gauss": float(n["gauss"]),
+        }
+    )
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -67,6 +96,60 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return found[-1][1] if found else None
 
 
+def is_checkpoint_dir(path: str | Path) -> bool:
+    """``path`` is one checkpoint (``.../checkpoints/step-N``), not a run directory."""
+    p = Path(path)
+    return bool(_STEP_DIR.match(p.name)) and p.parent.name == CHECKPOINT_DIR
+
+
+def run_dir_of(path: str | Path) -> Path:
+    """The run directory of ``path``: itself, or the run a checkpoint directory belongs to."""
+    p = Path(path)
+    return p.parent.parent if is_checkpoint_dir(p) else p
+
+
+def clean_stale(run_dir: str | Path) -> list[Path]:
+    """Remove what a killed save left in ``<run>/checkpoints`` (``.step-N.*.tmp`` directories).
+
+    Called when a run directory is opened (under its lock, so no save is in flight). A
+    ``.step-N.old`` left by a kill between the two renames of a replacement is moved back when
+    ``step-N`` is missing, so a checkpoint is never lost to that window.
+    """
+    root = Path(run_dir) / CHECKPOINT_DIR
+    if not root.is_dir():
+        return []
+    return clean_stale_siblings(root)
+
+
+def _tensor_bytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
+
+
+def _write_failure(target: Path, exc: BaseException, needed: int, run_dir: Path) -> CheckpointError:
+    """One line for a failed save: the path, the cause (a full disk named as such), the last good one."""
+    try:
+        free = shutil.disk_usage(target.parent).free
+    except OSError:
+        free = None
+    full = (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)) or (
+        free is not None and free < needed
+    )
+    if full:
+        have = f"{free / 2**20:.0f} MiB free" if free is not None else "the device is full"
+        cause = f"no space left on device ({have}, a checkpoint needs about {needed / 2**20:.0f} MiB)"
+    else:
+        cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    done = list_checkpoints(run_dir)
+    last = f"the last good checkpoint is {done[-1][1]}" if done else "no checkpoint was written before"
+    return CheckpointError(f"cannot write checkpoint '{target}': {cause}; {last}")
+
+
 def save_checkpoint(
     run_dir: str | Path,
     step: int,
@@ -76,27 +159,79 @@ def save_checkpoint(
     keep: int = 2,
     reason: str = "periodic",
 ) -> Path:
-    """Write checkpoint ``step`` atomically, then delete the oldest beyond ``keep``."""
+    """Write checkpoint ``step`` atomically, then delete the oldest beyond ``keep``.
+
+    A step that already has a complete checkpoint is not written again (Ctrl-C right after a
+    periodic save): both are the same step boundary, and replacing a directory takes two renames,
+    between which a kill would leave no loadable checkpoint. A failed write (a full disk)
+    raises :class:`CheckpointError` naming the path and the last good checkpoint; nothing of the
+    failed one is left behind.
+    """
+    run_dir = Path(run_dir)
     target = checkpoint_path(run_dir, step)
-    with atomic_directory(target) as tmp:
-        torch.save(policy_state, tmp / "policy.pt")
-        torch.save(trainer_state, tmp / "trainer.pt")
-        (tmp / "meta.json").write_text(
-            json.dumps({"step": step, "reason": reason, "time": time.time()}, indent=1), encoding="utf-8"
-        )
+    if (target / "meta.json").is_file():
+        log.info("checkpoint of step %d already written: %s", step, target)
+        return target
+    try:
+        with atomic_directory(target) as tmp:
+            torch.save(policy_state, tmp / "policy.pt")
+            torch.save(trainer_state, tmp / "trainer.pt")
+            (tmp / "meta.json").write_text(
+                json.dumps({"step": step, "reason": reason, "time": time.time()}, indent=1), encoding="utf-8"
+            )
+    except (OSError, RuntimeError) as exc:
+        raise _write_failure(target, exc, _tensor_bytes(policy_state), run_dir) from exc
     for _, old in list_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return target
 
 
 def load_checkpoint(path: str | Path) -> tuple[dict, dict]:
-    """(policy_state, trainer_state) of one checkpoint directory."""
+    """(policy_state, trainer_state) of one checkpoint directory, read as data (``weights_only=True``)."""
     p = Path(path)
     if not (p / "meta.json").is_file():
         raise CheckpointError(f"'{p}' is not a complete checkpoint (no meta.json)")
-    try:
-        policy = torch.load(p / "policy.pt", map_location="cpu", weights_only=False)
-        trainer = torch.load(p / "trainer.pt", map_location="cpu", weights_only=False)
-    except (OSError, RuntimeError, EOFError) as exc:
-        raise CheckpointError(f"cannot read checkpoint '{p}': {exc}") from exc
+    states = []
+    for name in ("policy.pt", "trainer.pt"):
+        try:
+            states.append(torch.load(p / name, map_location="cpu", weights_only=True))
+        except Exception as exc:  # UnpicklingError, a broken zip, a truncated file, a missing file...
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise CheckpointError(
+                f"cannot read checkpoint file '{p / name}' as data: {first[:300]}. It is corrupt, was "
+                "tampered with, or was written by slime-gb10 < 0.2 (only tensors and plain values load)"
+            ) from exc
+    policy, trainer = states
+    if not isinstance(policy, dict) or not isinstance(trainer, dict) or "step" not in trainer:
+        raise CheckpointError(f"checkpoint '{p}' does not hold a policy and trainer state")
     return policy, trainer
+
+
+def load_for_resume(target: str | Path) -> tuple[Path, dict, dict]:
+    """(checkpoint path, policy_state, trainer_state) to resume from.
+
+    ``target`` is a checkpoint directory (that one is loaded, or it is an error) or a run
+    directory: its newest checkpoint, else, when that one cannot be read, the newest readable one
+    (each skipped checkpoint is logged with the reason).
+    """
+    target = Path(target)
+    if is_checkpoint_dir(target):
+        return (target, *load_checkpoint(target))
+    found = list_checkpoints(target)
+    if not found:
+        raise CheckpointError(
+            f"--resume: no checkpoint under '{target / CHECKPOINT_DIR}' (a run writes one every "
+            "output.checkpoint_every steps, at the end and on Ctrl-C)"
+        )
+    errors = []
+    for _, path in reversed(found):
+        try:
+            policy, trainer = load_checkpoint(path)
+        except CheckpointError as exc:
+            errors.append(str(exc))
+            log.warning("skipping checkpoint %s: %s", path, exc)
+            continue
+        if errors:
+            log.warning("resuming from the older checkpoint %s (%d newer one(s) unreadable)", path, len(errors))
+        return path, policy, trainer
+    raise CheckpointError(f"--resume: no readable checkpoint under '{target / CHECKPOINT_DIR}': {errors[0]}")

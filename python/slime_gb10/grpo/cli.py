@@ -45,6 +45,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from slime_gb10.grpo.metrics import ReporterUnavailableError
     from slime_gb10.grpo.models import ModelLoadError
     from slime_gb10.grpo.registry import BackendUnavailableError
+    from slime_gb10.grpo.rewards import RewardError
     from slime_gb10.grpo.trainer import DataError, TrainingDiverged
     from slime_gb10.utils.atomic import OutputPathError
 
@@ -57,6 +58,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         DataError,
         TrainingDiverged,
         OutputPathError,
+        RewardError,
     ]
     try:
         from slime_gb10.grpo.data import DatasetError
@@ -91,8 +93,11 @@ def _collect_overrides(values: dict) -> dict:
     }
 
 
-def _config_from_cli(config_file, sets, values, data_path=None, base_dir: Path | None = None) -> GRPOConfig:
-    overrides = _collect_overrides(values)
+def _config_from_cli(
+    config_file, sets, values, data_path=None, base_dir: Path | None = None, extra: dict | None = None
+) -> GRPOConfig:
+    """Defaults <- config file (or a resumed run's config.yaml) <- flags (``values``, ``extra``) <- --set."""
+    overrides = {**_collect_overrides(values), **(extra or {})}
     if data_path is not None:
         overrides["data.task"] = "file"
         overrides["data.path"] = data_path
@@ -165,22 +170,34 @@ def _common_options(func):
     "--resume",
     "resume_dir",
     type=click.Path(file_okay=False),
-    help="Continue the run in DIR from its last checkpoint.",
+    help="Continue the run in DIR from its newest readable checkpoint, or from the checkpoint "
+    "directory DIR (RUN/checkpoints/step-N). --steps is the run's total, not extra steps.",
+)
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Start a fresh run in an --output directory that holds a run, deleting that run's outputs.",
 )
 @click.option("--print-config", is_flag=True, help="Print the effective config as YAML and exit.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def train_command(config_file, sets, data_path, verbose, resume_dir, print_config, no_progress, **values):
+def train_command(
+    config_file, sets, data_path, verbose, resume_dir, overwrite, print_config, no_progress, **values
+):
     """GRPO post-training. No arguments: SmolLM2-135M-Instruct on the arithmetic task."""
+    from slime_gb10.grpo.checkpoint import is_checkpoint_dir, run_dir_of
+
+    run_dir = None
     try:
         if resume_dir is not None:
-            if values.get("output") not in (None, resume_dir):
+            run_dir = run_dir_of(resume_dir)
+            if values.get("output") is not None and Path(values["output"]) != run_dir:
                 raise ConfigError(
-                    "--resume DIR continues the run in DIR; do not also pass a different --output"
+                    f"--resume continues the run in {run_dir}; do not also pass a different --output"
                 )
-            values["output"] = resume_dir
-        config = _config_from_cli(
-            config_file, sets, values, data_path, Path(resume_dir) if resume_dir else None
-        )
+            if overwrite:
+                raise ConfigError("--resume continues a run and --overwrite deletes it: pass one of them")
+            values["output"] = str(run_dir)
+        config = _config_from_cli(config_file, sets, values, data_path, run_dir)
         if no_progress:
             config.output.progress = False
     except ConfigError as exc:
@@ -194,7 +211,8 @@ def train_command(config_file, sets, data_path, verbose, resume_dir, print_confi
 
     trainer = GRPOTrainer(config)
     try:
-        trainer.setup(resume=resume_dir is not None)
+        resume = (Path(resume_dir) if is_checkpoint_dir(resume_dir) else True) if resume_dir else False
+        trainer.setup(resume=resume, overwrite=overwrite)
         history = trainer.train()
     except TrainingInterrupted as exc:
         if exc.written and exc.checkpoint:
@@ -241,18 +259,12 @@ def eval_command(
             overrides["eval.k"] = k
         if num_prompts is not None:
             overrides["eval.num_prompts"] = num_prompts
-            overrides["data.eval_size"] = max(num_prompts, 1)
+            overrides["data.eval_size"] = num_prompts
         if max_new_tokens is not None:
             overrides["eval.max_new_tokens"] = max_new_tokens
         if temperature is not None:
             overrides["eval.temperature"] = temperature
-        config = _config_from_cli(config_file, sets, values, data_path)
-        data = config.model_dump()
-        from slime_gb10.grpo.config import deep_set
-
-        for key, value in overrides.items():
-            deep_set(data, key.split("."), value)
-        config = GRPOConfig.model_validate(data)
+        config = _config_from_cli(config_file, sets, values, data_path, extra=overrides)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     _setup_logging(verbose)

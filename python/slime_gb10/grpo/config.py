@@ -56,6 +56,9 @@ class DataConfig(_Section):
     reward: str = "auto"
     # A completion "passes" when its reward is at least this (pass_rate, pass@k).
     pass_threshold: float = 1.0
+    # Stop the run when the reward fails (raises, or returns no number) on every sample of this many
+    # steps in a row: such a run would train on zero rewards forever.
+    max_failed_reward_steps: int = Field(default=3, ge=1)
 
     @model_validator(mode="after")
     def _file_needs_path(self) -> DataConfig:

@@ -205,7 +205,7 @@ def load_prompt_dataset(
         raise DatasetError(
             f"dataset file '{p}' has columns {columns}: neither the GSM8K layout (question, answer) nor the "
             "generic layout (prompt, ground_truth). Name the columns with prompt_key=/answer_key= "
-            "(CLI: --prompt-key / --answer-key)."
+            "(CLI: --set data.prompt_key=COLUMN --set data.answer_key=COLUMN)."
         )
     default_prompt, default_answer = _GSM8K_KEYS if layout == "gsm8k" else _GENERIC_KEYS
     p_key = prompt_key or default_prompt
@@ -214,7 +214,7 @@ def load_prompt_dataset(
     if missing:
         raise DatasetError(
             f"dataset file '{p}' has no column(s) {missing}; columns found: {columns}. "
-            "Set the column names with prompt_key=/answer_key= (CLI: --prompt-key / --answer-key)."
+            "Set the column names with prompt_key=/answer_key= (CLI: --set data.prompt_key=COLUMN --set data.answer_key=COLUMN)."
         )
 
     examples = []

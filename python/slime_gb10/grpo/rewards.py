@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 import re
 from collections.abc import Callable, Sequence
 from fractions import Fraction
@@ -38,6 +39,40 @@ from fractions import Fraction
 logger = logging.getLogger(__name__)
 
 RewardFn = Callable[[str, str], float]
+
+# A reward is a score (ours are 0..1, weighted sums a few units). A magnitude beyond this is a bug
+# in the reward function, not a signal: group advantages normalise it away, but the loss and the
+# logged means overflow and the run would end as "diverged", blaming the learning rate.
+MAX_ABS_REWARD = 1e6
+
+
+class RewardError(ValueError):
+    """A reward cannot be built or returned something no reward may return; the message names it."""
+
+
+class RewardValueError(TypeError):
+    """One sample's reward is not a finite real number (counted as a reward error, scored 0)."""
+
+
+def reward_value(value: object, name: str) -> float:
+    """``value`` as a float, or an error: a non-number (``"0.5"``, None) or a non-finite number is a
+    :class:`RewardValueError` (that sample scores 0 and is counted); a magnitude above
+    :data:`MAX_ABS_REWARD` is a :class:`RewardError` that stops the run, naming the reward."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        item = getattr(value, "item", None)  # a 0-d numpy / torch scalar
+        if callable(item) and getattr(value, "ndim", None) == 0:
+            value = item()
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise RewardValueError(f"reward {name} returned {type(value).__name__} {value!r}, not a number")
+    result = float(value)
+    if not math.isfinite(result):
+        raise RewardValueError(f"reward {name} returned a non-finite value {result}")
+    if abs(result) > MAX_ABS_REWARD:
+        raise RewardError(
+            f"reward {name} returned {result:g}, beyond +-{MAX_ABS_REWARD:g}: a reward is a score (ours are "
+            "0..1), so this is a bug in the reward function; fix it (or rescale it) and restart"
+        )
+    return result
 
 _THINK_OPEN = "<think>"
 _THINK_CLOSE = "</think>"
@@ -338,7 +373,10 @@ def combine_rewards(functions: Sequence[tuple[RewardFn, float]]) -> RewardFn:
         raise ValueError("combine_rewards needs at least one (reward_fn, weight) pair")
 
     def combined(completion: str, ground_truth: str) -> float:
-        return float(sum(weight * fn(completion, ground_truth) for fn, weight in parts))
+        return sum(
+            weight * reward_value(fn(completion, ground_truth), getattr(fn, "__name__", "reward"))
+            for fn, weight in parts
+        )
 
     combined.__name__ = "+".join(f"{weight:g}*{getattr(fn, '__name__', 'reward')}" for fn, weight in parts)
     return combined
@@ -350,11 +388,13 @@ _warned: set[str] = set()
 def safe_rewards(
     fn: RewardFn, completions: Sequence[str], ground_truths: Sequence[str]
 ) -> tuple[list[float], int]:
-    """Score every sample; a reward that raises or returns a non-finite value scores 0.0 and is counted.
+    """Score every sample; a reward that raises or returns a non-number scores 0.0 and is counted.
 
     Returns ``(rewards, num_failures)``. The first failure of each reward function (by name) in
-    this process is logged as a warning with the exception; the run never stops because of a
-    reward. A length mismatch between the two lists is a caller bug and raises ``ValueError``.
+    this process is logged as a warning with the exception. A value beyond
+    :data:`MAX_ABS_REWARD` raises :class:`RewardError` (a broken reward, see :func:`reward_value`);
+    the trainer stops a run whose every sample fails for several steps in a row. A length mismatch
+    between the two lists is a caller bug and raises ``ValueError``.
     """
     if len(completions) != len(ground_truths):
         raise ValueError(f"{len(completions)} completions but {len(ground_truths)} ground truths")
@@ -363,9 +403,9 @@ def safe_rewards(
     failures = 0
     for i, (completion, truth) in enumerate(zip(completions, ground_truths)):
         try:
-            value = float(fn(completion, truth))
-            if not math.isfinite(value):
-                raise ValueError(f"reward returned a non-finite value {value}")
+            value = reward_value(fn(completion, truth), name)
+        except RewardError:
+            raise
         except Exception as exc:
             failures += 1
             rewards.append(0.0)
@@ -394,24 +434,24 @@ def get_reward(name_or_spec: str) -> RewardFn:
     """A reward by name (``"gsm8k"``) or a weighted sum spec (``"gsm8k:1.0,format:0.1"``)."""
     spec = name_or_spec.strip()
     if not spec:
-        raise ValueError(f"empty reward spec; choose from {', '.join(REWARDS)} (e.g. 'gsm8k:1.0,format:0.1')")
+        raise RewardError(f"empty reward spec; choose from {', '.join(REWARDS)} (e.g. 'gsm8k:1.0,format:0.1')")
     parts: list[tuple[RewardFn, float]] = []
     for item in spec.split(","):
         name, _, weight_text = item.strip().partition(":")
         name = name.strip()
         if name not in REWARDS:
-            raise ValueError(
+            raise RewardError(
                 f"unknown reward {name!r} in {name_or_spec!r}; choose from {', '.join(REWARDS)} "
                 "(a weighted sum is written 'gsm8k:1.0,format:0.1')"
             )
         try:
             weight = float(weight_text) if weight_text.strip() else 1.0
         except ValueError:
-            raise ValueError(
+            raise RewardError(
                 f"reward weight {weight_text!r} of {name!r} in {name_or_spec!r} is not a number"
             ) from None
         if not math.isfinite(weight):
-            raise ValueError(f"reward weight of {name!r} must be finite, got {weight_text!r}")
+            raise RewardError(f"reward weight of {name!r} must be finite, got {weight_text!r}")
         parts.append((REWARDS[name], weight))
     if len(parts) == 1 and parts[0][1] == 1.0:
         return parts[0][0]

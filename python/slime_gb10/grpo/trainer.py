@@ -166,9 +166,29 @@ class GRPOTrainer:
         self._boundary: dict | None = None
         self._last_checkpoint: Path | None = None
         self._mid_step = False  # inside a step's update..log: memory is not a step boundary
+        self._failed_reward_steps = 0  # consecutive steps whose every reward failed
+        self._run = None  # the locked run directory (rundir.RunDirectory), from setup() to close()
 
     # ------------------------------------------------------------------ setup
-    def setup(self, resume: bool = False) -> None:
+    def setup(self, resume: bool | str | Path = False, *, overwrite: bool = False) -> None:
+        """Open and lock the run directory, load data, model, engine and (``resume``) a checkpoint.
+
+        ``resume``: True continues from the run directory's newest readable checkpoint; a path
+        continues from that checkpoint directory. ``overwrite`` deletes a previous run's outputs
+        in the directory (without it, a fresh run into a used directory is refused). If setup
+        fails, a directory it created is removed again.
+        """
+        from slime_gb10.grpo.rundir import open_run_dir
+
+        self._run = open_run_dir(self.run_dir, resume=bool(resume), overwrite=overwrite)
+        try:
+            self._setup(resume)
+        except BaseException:
+            self._run.abandon()
+            self._run = None
+            raise
+
+    def _setup(self, resume: bool | str | Path) -> None:
         from slime_gb10.grpo import checkpoint as ckpt
         from slime_gb10.grpo import registry
         from slime_gb10.grpo.metrics import (
@@ -180,22 +200,17 @@ class GRPOTrainer:
         )
         from slime_gb10.grpo.models import load_tokenizer, resolve_model_path
         from slime_gb10.grpo.rewards import get_reward
-        from slime_gb10.utils.atomic import atomic_write_text, ensure_writable_dir
+        from slime_gb10.utils.atomic import atomic_write_text
 
         cfg = self.config
-        resume_from = None
-        if resume:  # fail before loading any model
-            resume_from = ckpt.latest_checkpoint(self.run_dir)
-            if resume_from is None:
-                raise ckpt.CheckpointError(
-                    f"--resume: no checkpoint under '{self.run_dir / ckpt.CHECKPOINT_DIR}' (a run writes one every "
-                    "output.checkpoint_every steps, at the end and on Ctrl-C)"
-                )
+        resumed = None
+        if resume:  # read the checkpoint (as data) before loading any model: fail early
+            target = self.run_dir if resume is True else Path(resume)
+            resumed = ckpt.load_for_resume(target)
         require_reporter(cfg.output.report_to)
         torch.manual_seed(cfg.train.seed)
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
-        ensure_writable_dir(self.run_dir)
         self._build_data()
         reward_spec = cfg.data.reward if cfg.data.reward != "auto" else self._default_reward()
         self.reward_fn = get_reward(reward_spec)
@@ -209,13 +224,18 @@ class GRPOTrainer:
         self.device = self.device or getattr(self.backend, "device", torch.device("cpu"))
         self.pad_token_id = self.tokenizer.pad_token_id
 
-        if resume_from is not None:
-            path = resume_from
-            policy_state, trainer_state = ckpt.load_checkpoint(path)
-            self.backend.load_state_dict(policy_state)
+        if resumed is not None:
+            path, policy_state, trainer_state = resumed
+            try:
+                self.backend.load_state_dict(policy_state)
+                self.sampler.load_state_dict(trainer_state["sampler"])
+                ckpt.set_rng_state(trainer_state["rng"])
+            except (KeyError, ValueError, RuntimeError, TypeError) as exc:
+                raise ckpt.CheckpointError(
+                    f"checkpoint '{path}' does not fit this run: {str(exc).strip().splitlines()[0]}"
+                ) from exc
+            del policy_state
             self.step = int(trainer_state["step"])
-            self.sampler.load_state_dict(trainer_state["sampler"])
-            ckpt.set_rng_state(trainer_state["rng"])
             truncate_after(self.run_dir / METRICS_FILE, self.step)
             truncate_after(self.run_dir / SAMPLES_FILE, self.step)
             self._last_checkpoint = path
@@ -408,6 +428,9 @@ class GRPOTrainer:
             self.logger.close()
         if self.engine is not None:
             self.engine.shutdown()
+        if self._run is not None:
+            self._run.close()
+            self._run = None
 
     def train_step(self) -> dict:
         """One GRPO step; returns (and logs) its metrics row."""
@@ -439,6 +462,7 @@ class GRPOTrainer:
         opens = [self.opens_think(e) for e in examples for _ in range(G)]
         scored = [as_scored(g.text, o) for g, o in zip(generations, opens, strict=True)]
         rewards, reward_errors = safe_rewards(self.reward_fn, scored, truths)
+        self._check_reward_failures(reward_errors, len(rewards), step)
         reward_t = torch.tensor(rewards, dtype=torch.float32)
         advantages = algo.group_advantages(reward_t, G, scale_std=cfg.algo.scale_rewards)
         zero_var = algo.zero_variance_groups(reward_t, G)
@@ -547,6 +571,20 @@ class GRPOTrainer:
                 )
             self._mid_step = False
             return row
+
+    def _check_reward_failures(self, errors: int, total: int, step: int) -> None:
+        """Stop a run whose reward failed on every sample for ``data.max_failed_reward_steps`` steps."""
+        from slime_gb10.grpo.rewards import RewardError
+
+        self._failed_reward_steps = self._failed_reward_steps + 1 if errors == total else 0
+        limit = self.config.data.max_failed_reward_steps
+        if self._failed_reward_steps >= limit:
+            name = getattr(self.reward_fn, "__name__", "the reward")
+            raise RewardError(
+                f"step {step}: reward {name} failed on every sample for {limit} steps in a row (the first "
+                "error is logged above), so there is nothing to learn from; fix the reward or the data "
+                "(data.reward, the ground-truth column) and start again"
+            )
 
     def _next_examples(self):
         batch = self.sampler.next_batch()

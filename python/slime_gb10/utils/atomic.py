@@ -4,6 +4,11 @@ Everything the package writes for the user (checkpoints, metrics, exported model
 benchmark JSON) goes through these helpers: write to a temporary file in the same
 directory, flush and fsync, then ``os.replace`` onto the final name, which POSIX
 guarantees is atomic within one file system.
+
+The final file or directory gets the permissions an ordinary ``open``/``mkdir`` would give it
+(``0o666`` / ``0o777`` less the umask), not the private ``0o600`` / ``0o700`` of ``mkstemp`` and
+``mkdtemp``: an exported model must be readable by the serving process of another user when the
+umask says so.
 """
 
 from __future__ import annotations
@@ -12,9 +17,25 @@ import contextlib
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
+
+
+_umask_lock = threading.Lock()
+
+
+def current_umask() -> int:
+    """The process umask (read by setting and restoring it: POSIX has no read-only call)."""
+    with _umask_lock:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+def _public_mode(path: str | os.PathLike, directory: bool) -> None:
+    os.chmod(path, (0o777 if directory else 0o666) & ~current_umask())
 
 
 class OutputPathError(ValueError):
@@ -60,6 +81,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
     ensure_writable_dir(target.parent)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
+        _public_mode(tmp, directory=False)
         with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as fh:
             yield fh
             fh.flush()
@@ -92,6 +114,7 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     parent = ensure_writable_dir(target.parent)
     tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f".{target.name}.", suffix=".tmp"))
     try:
+        _public_mode(tmp, directory=True)
         yield tmp
         _fsync_tree(tmp)
         if target.exists():
@@ -116,3 +139,35 @@ def _fsync_tree(root: Path) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+
+
+def clean_stale_siblings(parent: str | os.PathLike) -> list[Path]:
+    """Tidy what a killed :func:`atomic_open` / :func:`atomic_directory` left in ``parent``.
+
+    ``.NAME.*.tmp`` (a write that never finished) is removed. ``.NAME.old`` (a replacement killed
+    between its two renames) is renamed back to ``NAME`` when ``NAME`` is missing (it is the last
+    complete version), else removed. Only call this while no write into ``parent`` is in flight
+    (e.g. under the run directory's lock). Returns the paths removed or restored.
+    """
+    root = Path(parent)
+    touched = []
+    for child in sorted(root.iterdir()):
+        name = child.name
+        if not name.startswith("."):
+            continue
+        if name.endswith(".old"):
+            original = root / name[1 : -len(".old")]
+            if not original.exists():
+                os.replace(child, original)
+            elif child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink(missing_ok=True)
+            touched.append(child)
+        elif name.endswith(".tmp") and name.count(".") >= 3:
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink(missing_ok=True)
+            touched.append(child)
+    return touched

@@ -268,28 +268,29 @@ class TorchRolloutEngine(RolloutEngine):
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         next_position = attention_mask.sum(-1, keepdim=True)
 
-        cache = DynamicCache(config=self.model.config)
+        cache = DynamicCache(config=self.model.config)  # filled in place by every forward
+        cache_kwarg = {_cache_keyword(self.model): cache}
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **cache_kwarg,
         )
-        past, position = out.past_key_values, next_position
+        position = next_position
 
         def advance(token: torch.Tensor, step: int) -> torch.Tensor:
-            nonlocal attention_mask, past, position
+            nonlocal attention_mask, position
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones((batch, 1))], dim=1)
             step_out = self.model(
                 input_ids=token[:, None],
                 attention_mask=attention_mask,
                 position_ids=position,
-                past_key_values=past,
                 use_cache=True,
+                **cache_kwarg,
             )
-            past, position = step_out.past_key_values, position + 1
+            position = position + 1
             return step_out.logits[:, -1, :]
 
         tokens, logprobs, stop_hit = self._decode_loop(out.logits[:, -1, :], advance, params, generator)
@@ -476,6 +477,14 @@ class TorchRolloutEngine(RolloutEngine):
     def shutdown(self) -> None:
         self.model = None
         self._params = {}
+
+
+def _cache_keyword(model) -> str:
+    """The forward's KV-cache argument: ``cache`` in transformers >= 5.2x (``past_key_values`` is
+    deprecated there and warns on every call), ``past_key_values`` before."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def engine_dtype(config, device: torch.device) -> torch.dtype:
