@@ -10,9 +10,11 @@ import torch
 
 from slime_gb10.grpo.checkpoint import (
     CheckpointError,
+    clean_stale,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
+    load_for_resume,
     rng_state,
     save_checkpoint,
     set_rng_state,
@@ -57,3 +59,133 @@ def test_rng_state_round_trip():
     set_rng_state(state)
     b = (random.random(), np.random.rand(), torch.rand(1).item())
     assert a == b
+
+
+# ---------------------------------------------------------------- a checkpoint is data, never code
+class _RunsCode:
+    """Unpickling this runs a shell command (what a tampered checkpoint would carry)."""
+
+    def __init__(self, sentinel):
+        self.sentinel = str(sentinel)
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.sentinel}",))
+
+
+@pytest.mark.parametrize("which", ["trainer.pt", "policy.pt"])
+def test_a_pickle_that_runs_code_is_refused_and_nothing_runs(tmp_path, which):
+    path = save_checkpoint(tmp_path, 1, {"w": torch.zeros(2)}, {"step": 1, "rng": rng_state()})
+    sentinel = tmp_path / "pwned"
+    payload = {"step": 1, "evil": _RunsCode(sentinel)}
+    torch.save(payload, path / which)
+    with pytest.raises(CheckpointError, match=f"cannot read checkpoint file .*{which}.* as data"):
+        load_checkpoint(path)
+    assert not sentinel.exists()
+    # the same payload through weights_only=False really would have run it (the test can fail)
+    torch.load(path / which, weights_only=False)
+    assert sentinel.exists()
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00" * 10, bytes(range(256)) * 40, b"PK\x03\x04broken zip"])
+def test_random_bytes_are_a_one_line_error(tmp_path, content):
+    path = save_checkpoint(tmp_path, 1, {"w": torch.zeros(2)}, {"step": 1})
+    (path / "policy.pt").write_bytes(content)
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(path)
+    assert "\n" not in str(info.value) and "policy.pt" in str(info.value)
+
+
+def test_rng_state_is_loadable_with_weights_only(tmp_path):
+    path = save_checkpoint(tmp_path, 3, {"w": torch.ones(1)}, {"step": 3, "rng": rng_state()})
+    _, trainer = load_checkpoint(path)  # weights_only=True inside
+    a = (random.random(), np.random.rand(), np.random.randn(), torch.rand(1).item())
+    set_rng_state(trainer["rng"])
+    b = (random.random(), np.random.rand(), np.random.randn(), torch.rand(1).item())
+    assert a == b
+
+
+# ---------------------------------------------------------------- crash and fault windows
+def test_stale_temp_directories_are_cleaned_and_an_orphaned_old_is_restored(tmp_path):
+    save_checkpoint(tmp_path, 1, {"w": torch.zeros(1)}, {"step": 1})
+    root = tmp_path / "checkpoints"
+    stale = root / ".step-000002.abc123.tmp"  # SIGKILL mid-save: a full-size temp directory
+    stale.mkdir()
+    (stale / "policy.pt").write_bytes(b"x" * 1000)
+    # SIGKILL between the two renames of a replacement: only ".step-000001.old" would remain
+    (root / "step-000001").rename(root / ".step-000001.old")
+    touched = clean_stale(tmp_path)
+    assert {p.name for p in touched} == {".step-000002.abc123.tmp", ".step-000001.old"}
+    assert sorted(p.name for p in root.iterdir()) == ["step-000001"]
+    assert load_checkpoint(root / "step-000001")[1]["step"] == 1
+
+
+def test_saving_the_same_step_twice_keeps_the_first_and_never_renames(tmp_path, monkeypatch):
+    first = save_checkpoint(tmp_path, 4, {"w": torch.ones(1)}, {"step": 4}, reason="periodic")
+    import os
+
+    renames = []
+    real = os.replace
+    monkeypatch.setattr(os, "replace", lambda a, b: (renames.append((a, b)), real(a, b)))
+    again = save_checkpoint(tmp_path, 4, {"w": torch.ones(1)}, {"step": 4}, reason="interrupt")
+    assert again == first and renames == []  # no window in which step 4 is missing
+    assert load_checkpoint(first)[1]["step"] == 4
+
+
+def test_full_disk_is_one_line_naming_path_and_last_good(tmp_path, monkeypatch):
+    good = save_checkpoint(tmp_path, 1, {"w": torch.zeros(4)}, {"step": 1})
+
+    def full(*args, **kwargs):  # what torch.save raises on ENOSPC (the zip writer's enforce)
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
+
+    import shutil
+
+    monkeypatch.setattr(torch, "save", full)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10, 10, 0))
+    with pytest.raises(CheckpointError) as info:
+        save_checkpoint(tmp_path, 2, {"w": torch.zeros(1024)}, {"step": 2})
+    message = str(info.value)
+    assert "\n" not in message and "step-000002" in message
+    assert "no space left" in message and str(good) in message
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [1]
+
+
+def _small_tmpfs(path):
+    import subprocess
+
+    path.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(path)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {done.stderr.decode().strip()}")
+    return lambda: subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_a_really_full_file_system(tmp_path):
+    disk = tmp_path / "disk"
+    unmount = _small_tmpfs(disk)
+    try:
+        good = save_checkpoint(disk, 1, {"w": torch.zeros(8)}, {"step": 1})
+        with pytest.raises(CheckpointError, match="no space left on device") as info:
+            save_checkpoint(disk, 2, {"w": torch.zeros(2**20)}, {"step": 2})  # 4 MiB > 1 MiB
+        assert str(good) in str(info.value)
+        assert [p.name for p in (disk / "checkpoints").iterdir()] == ["step-000001"]
+    finally:
+        unmount()
+
+
+def test_resume_falls_back_past_a_corrupt_latest(tmp_path, caplog):
+    for step in (1, 2):
+        save_checkpoint(tmp_path, step, {"w": torch.full((1,), float(step))}, {"step": step})
+    (tmp_path / "checkpoints" / "step-000002" / "policy.pt").write_bytes(b"truncated")
+    with caplog.at_level("WARNING"):
+        path, policy, trainer = load_for_resume(tmp_path)
+    assert path.name == "step-000001" and trainer["step"] == 1 and policy["w"].item() == 1.0
+    assert "step-000002" in caplog.text and "older checkpoint" in caplog.text
+    # a checkpoint directory names exactly that checkpoint
+    assert load_for_resume(tmp_path / "checkpoints" / "step-000001")[2]["step"] == 1
+    with pytest.raises(CheckpointError, match="step-000002"):
+        load_for_resume(tmp_path / "checkpoints" / "step-000002")
+    (tmp_path / "checkpoints" / "step-000001" / "trainer.pt").write_bytes(b"")
+    with pytest.raises(CheckpointError, match="no readable checkpoint"):
+        load_for_resume(tmp_path)

@@ -116,7 +116,7 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     try:
         _public_mode(tmp, directory=True)
         yield tmp
-        _fsync_tree(tmp)
+        _finish_tree(tmp)
         if target.exists():
             old = parent / f".{target.name}.old"
             if old.exists():
@@ -131,10 +131,17 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
         raise
 
 
-def _fsync_tree(root: Path) -> None:
-    for dirpath, _dirnames, filenames in os.walk(root):
+def _finish_tree(root: Path) -> None:
+    """fsync every file; give files and folders the umask's modes (some writers, e.g.
+    safetensors through ``save_pretrained``, create private ``0o600`` files)."""
+    mask = current_umask()
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames:
+            os.chmod(os.path.join(dirpath, name), 0o777 & ~mask)
         for name in filenames:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            path = os.path.join(dirpath, name)
+            os.chmod(path, 0o666 & ~mask)
+            fd = os.open(path, os.O_RDONLY)
             try:
                 os.fsync(fd)
             finally:
