@@ -262,3 +262,46 @@ def test_a_think_block_opened_by_the_chat_template_counts_as_open():
     closed_in_prompt = "<think>\nfirst thoughts\n</think>\nassistant:"
     assert not prompt_opens_think(closed_in_prompt) and not prompt_opens_think("plain prompt")
     assert as_scored("#### 5", False) == "#### 5"
+
+
+# ---------------------------------------------------------------- what no reward may return
+def test_non_numbers_are_reward_errors_not_rewards():
+    from slime_gb10.grpo.rewards import safe_rewards
+
+    def as_text(completion: str, truth: str):
+        return "0.5"
+
+    def as_none(completion: str, truth: str):
+        return None
+
+    for fn in (as_text, as_none):
+        rewards, errors = safe_rewards(fn, ["a", "b"], ["1", "1"])
+        assert rewards == [0.0, 0.0] and errors == 2
+    # numpy / torch scalars and bools-as-ints that are numbers still count
+    import numpy as np
+    import torch
+
+    rewards, errors = safe_rewards(lambda c, t: np.float32(0.25), ["a"], ["1"])
+    assert rewards == [0.25] and errors == 0
+    rewards, errors = safe_rewards(lambda c, t: torch.tensor(1.0), ["a"], ["1"])
+    assert rewards == [1.0] and errors == 0
+
+
+def test_absurd_magnitudes_are_refused_naming_the_reward():
+    from slime_gb10.grpo.rewards import RewardError, combine_rewards, safe_rewards
+
+    def exploding(completion: str, truth: str) -> float:
+        return 1e39
+
+    with pytest.raises(RewardError, match=r"reward exploding returned 1e\+39"):
+        safe_rewards(exploding, ["a"], ["1"])
+    with pytest.raises(RewardError, match="reward exploding"):
+        safe_rewards(combine_rewards([(exploding, 1.0), (lambda c, t: 0.0, 0.1)]), ["a"], ["1"])
+    assert safe_rewards(lambda c, t: 1e6, ["a"], ["1"]) == ([1e6], 0)  # the bound itself is allowed
+
+
+def test_unknown_reward_spec_is_a_reward_error():
+    from slime_gb10.grpo.rewards import RewardError
+
+    with pytest.raises(RewardError, match="unknown reward 'nosuch'"):
+        get_reward("nosuch")

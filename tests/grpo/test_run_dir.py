@@ -154,3 +154,21 @@ def test_resume_from_a_checkpoint_that_carries_code_runs_nothing(tmp_path, tiny_
     result = invoke("train", "--resume", str(run), "--steps", "2", "--no-progress")
     assert_clean_error(result, "no readable checkpoint", "trainer.pt")
     assert not sentinel.exists()
+
+
+def test_a_reward_failing_on_every_sample_stops_the_run(tmp_path, tiny_dir, monkeypatch):
+    from slime_gb10.grpo import rewards
+
+    def broken(completion: str, truth: str) -> float:
+        raise KeyError("no such field")
+
+    def exploding(completion: str, truth: str) -> float:
+        return 1e39
+
+    monkeypatch.setitem(rewards.REWARDS, "broken", broken)
+    monkeypatch.setitem(rewards.REWARDS, "exploding", exploding)
+    result = tiny_run(tiny_dir, tmp_path / "a", "--reward", "broken", "--steps", "10")
+    assert_clean_error(result, "reward broken failed on every sample for 3 steps in a row")
+    assert steps_of(tmp_path / "a") == [1, 2]  # the third all-failed step stops before its update
+    result = tiny_run(tiny_dir, tmp_path / "b", "--reward", "exploding")
+    assert_clean_error(result, "reward exploding returned 1e+39")

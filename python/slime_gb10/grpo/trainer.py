@@ -316,11 +316,10 @@ class GRPOTrainer:
         key = f"{getattr(example, 'id', '')}\x00{example.prompt}"
         ids = self._prompt_cache.get(key)
         if ids is None:
-            from slime_gb10.grpo.data import format_prompt
+            from slime_gb10.grpo.data import encode_prompt
             from slime_gb10.grpo.rewards import prompt_opens_think
 
-            text = format_prompt(self.tokenizer, example.prompt, self.config.data.system_prompt)
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            text, ids = encode_prompt(self.tokenizer, example.prompt, self.config.data.system_prompt)
             self._opens_think[key] = prompt_opens_think(text)
             if len(ids) > self.config.rollout.max_prompt_tokens:
                 raise DataError(
