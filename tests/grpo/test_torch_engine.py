@@ -187,3 +187,27 @@ def test_sliding_window_models_stay_off_the_full_attention_static_path():
     assert not supports_static_decoding(
         Qwen2ForCausalLM(Qwen2Config(sliding_window=4, use_sliding_window=True, max_window_layers=1, **small))
     )
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda named: named[:-1], "not streamed"),  # one parameter missing (the last one)
+        (lambda named: [*named, ("model.extra.weight", torch.zeros(2))], "model.extra.weight' has no tensor"),
+        (lambda named: [(n, t[:1] if i == len(named) - 1 else t) for i, (n, t) in enumerate(named)], "shape"),
+        (lambda named: [(n, t.long() if i == len(named) - 1 else t) for i, (n, t) in enumerate(named)], "dtype int64"),
+    ],
+)
+def test_a_bad_weight_stream_overwrites_no_parameter(tiny_dir, tokenizer, mutate, message):
+    """The whole metadata is checked against the engine's parameters before the first copy (the
+    faulty tensor is the LAST one, so a check while copying would already have written the rest)."""
+    from slime_gb10.grpo.weight_sync import WeightSyncError, make_weight_stream
+
+    model = load_causal_lm(str(tiny_dir))
+    engine = TorchRolloutEngine(model, tokenizer, "cpu", eos_token_ids=eos_token_ids(tokenizer, model))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    named = [(n, torch.randn_like(p)) for n, p in model.named_parameters()]
+    stream = make_weight_stream(lambda: mutate(named), bucket_bytes=1 << 30, transfer_dtype=None)
+    with pytest.raises(WeightSyncError, match=message):
+        engine.update_weights(stream)
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())

@@ -424,3 +424,30 @@ def test_cuda_payload_stays_on_source_device_and_unpacks_anywhere():
     assert raw_bytes(on_cpu[bias]) == raw_bytes(tensors[bias].cpu())
     on_gpu = dict(receive(stream))
     assert raw_bytes(on_gpu["model.embed.weight"].cpu()) == raw_bytes(tensors["model.embed.weight"].cpu())
+
+
+def test_check_metadata_collects_every_problem_in_one_error():
+    from slime_gb10.grpo.weight_sync import check_metadata
+
+    named = [("a", torch.zeros(2, 3)), ("b", torch.zeros(4)), ("c", torch.zeros(1, dtype=torch.int64))]
+    metadata = [meta for meta, _ in plan_chunks(named, bucket_bytes=1 << 20, transfer_dtype=None)]
+    expected = {"a": ((2, 3), torch.float32), "b": ((5,), None), "c": ((1,), torch.int32), "d": ((1,), None)}
+    with pytest.raises(WeightSyncError) as info:
+        check_metadata(metadata, expected, receiver="engine")
+    text = str(info.value)
+    assert "'b': shape (4,) streamed, (5,) in the engine" in text
+    assert "'c': dtype int64 streamed, int32 in the engine" in text
+    assert "1 tensor(s) of the engine are not streamed, e.g. ['d']" in text
+    check_metadata(metadata, {**expected, "b": ((4,), None), "c": ((1,), torch.int64)}, receiver="engine",
+                   optional=("d",))  # fmt: skip
+
+
+def test_sglang_expects_the_checkpoint_tensors(tmp_path, tokenizer):
+    """The SGLang engine's coverage check reads the model's safetensors headers (no load)."""
+    from slime_gb10.grpo.models import checkpoint_tensor_shapes, load_causal_lm, write_tiny_model
+
+    path = write_tiny_model(tmp_path / "m", tokenizer, seed=0)
+    model = load_causal_lm(str(path))
+    shapes = checkpoint_tensor_shapes(path)
+    assert shapes == {n: tuple(p.shape) for n, p in model.named_parameters()}
+    assert checkpoint_tensor_shapes(tmp_path / "nothing") is None

@@ -206,3 +206,19 @@ def write_tiny_model(
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
     return Path(directory)
+
+
+def checkpoint_tensor_shapes(path: str | Path) -> dict[str, tuple[int, ...]] | None:
+    """Names and shapes of the tensors in an HF directory's ``*.safetensors`` files, read from
+    the headers only (nothing is loaded); None when there are no safetensors files there."""
+    from safetensors import safe_open
+
+    files = sorted(Path(path).glob("*.safetensors")) if Path(path).is_dir() else []
+    if not files:
+        return None
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open has no __iter__
+                shapes[name] = tuple(f.get_slice(name).get_shape())
+    return shapes

@@ -24,7 +24,7 @@ reward 0, no crash -- or a collective deadlocks. Here:
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -154,6 +154,46 @@ def plan_chunks(
 def stream_names(metadata: Sequence[BucketMeta]) -> list[str]:
     """All tensor names of a stream, in order."""
     return [t.name for bucket in metadata for t in bucket.tensors]
+
+
+def check_metadata(
+    metadata: Sequence[BucketMeta],
+    expected: Mapping[str, tuple[tuple[int, ...], torch.dtype | None]],
+    *,
+    receiver: str,
+    optional: Sequence[str] = (),
+) -> None:
+    """Validate a whole stream's metadata against the receiver's tensors BEFORE anything is written.
+
+    ``expected`` maps each receiving tensor's name to ``(shape, dtype)`` (dtype None: any floating
+    type). Every streamed name must exist there with the same shape and a compatible dtype
+    (floating into floating, else the same), and every expected name except ``optional`` ones must
+    be streamed. All problems are collected into one :class:`WeightSyncError` naming
+    ``receiver``, so a mismatch never leaves a model half overwritten.
+    """
+    problems: list[str] = []
+    streamed: set[str] = set()
+    for bucket in metadata:
+        for t in bucket.tensors:
+            if t.name in streamed:
+                problems.append(f"'{t.name}' is streamed twice")
+                continue
+            streamed.add(t.name)
+            if t.name not in expected:
+                problems.append(f"'{t.name}' has no tensor in the {receiver}")
+                continue
+            shape, dtype = expected[t.name]
+            if tuple(t.shape) != tuple(shape):
+                problems.append(f"'{t.name}': shape {tuple(t.shape)} streamed, {tuple(shape)} in the {receiver}")
+            sent = dtype_from_name(t.dtype)
+            if dtype is not None and sent != dtype and not (sent.is_floating_point and dtype.is_floating_point):
+                problems.append(f"'{t.name}': dtype {t.dtype} streamed, {dtype_name(dtype)} in the {receiver}")
+    missing = sorted(set(expected) - streamed - set(optional))
+    if missing:
+        problems.append(f"{len(missing)} tensor(s) of the {receiver} are not streamed, e.g. {missing[:3]}")
+    if problems:
+        shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+        raise WeightSyncError(f"weight sync refused before writing anything: {shown}")
 
 
 def _first_mismatch(streamed: Sequence[str], expected: Sequence[str]) -> str | None:

@@ -268,6 +268,10 @@ class SGLangRolloutEngine(RolloutEngine):
         self.memory_saver = memory_saver
         self.device = device
         self._released: list[str] = []
+        # name -> shape of the tensors SGLang loaded (the checkpoint's safetensors headers), so a
+        # stream that does not cover them is refused before SGLang overwrites any (build_engine).
+        self.expected_weights: dict[str, tuple[int, ...]] | None = None
+        self.tied_embeddings = False
 
     @classmethod
     def launch(
@@ -329,6 +333,16 @@ class SGLangRolloutEngine(RolloutEngine):
     # ---------------------------------------------------------------- weights & memory
     def update_weights(self, stream) -> None:
         engine = self._require_engine()
+        if self.expected_weights is not None:
+            from slime_gb10.grpo.weight_sync import check_metadata
+
+            check_metadata(
+                stream.metadata,
+                {name: (shape, None) for name, shape in self.expected_weights.items()},
+                receiver="SGLang model's checkpoint",
+                # a checkpoint of a tied model may still carry lm_head.weight; the trainer sends it once
+                optional=("lm_head.weight",) if self.tied_embeddings else (),
+            )
         if "weights" in self._released:  # weights must exist again before they are overwritten
             self._resume(["weights"])
         for bucket in iter_buckets(stream, device=self.device):
@@ -417,7 +431,7 @@ def availability(enable_memory_saver: bool = True) -> tuple[bool, str]:
 
 def build_engine(config, tokenizer, device) -> SGLangRolloutEngine:
     """Registry entry point (``backends.rollout: sglang``)."""
-    from slime_gb10.grpo.models import eos_token_ids, resolve_model_path
+    from slime_gb10.grpo.models import checkpoint_tensor_shapes, eos_token_ids, resolve_model_path
 
     device = torch.device(device)
     if device.type != "cuda":
@@ -444,4 +458,16 @@ def build_engine(config, tokenizer, device) -> SGLangRolloutEngine:
         trust_remote_code=config.model.trust_remote_code,
     )
     log.info("starting SGLang: %s", {k: v for k, v in kwargs.items() if k != "model_path"})
-    return SGLangRolloutEngine.launch(kwargs, stop_token_ids=stop_ids, device=device)
+    engine = SGLangRolloutEngine.launch(kwargs, stop_token_ids=stop_ids, device=device)
+    engine.expected_weights = checkpoint_tensor_shapes(path)
+    engine.tied_embeddings = _tied(path)
+    return engine
+
+
+def _tied(path) -> bool:
+    try:
+        from transformers import AutoConfig
+
+        return bool(getattr(AutoConfig.from_pretrained(path), "tie_word_embeddings", False))
+    except Exception:  # no config readable: treat as untied (lm_head must then be streamed)
+        return False

@@ -444,8 +444,13 @@ class TorchRolloutEngine(RolloutEngine):
     # ---------------------------------------------------------------- weights & memory
     @torch.no_grad()
     def update_weights(self, stream) -> None:
-        from slime_gb10.grpo.weight_sync import receive
+        from slime_gb10.grpo.weight_sync import check_metadata, receive
 
+        check_metadata(
+            stream.metadata,
+            {name: (tuple(p.shape), p.dtype) for name, p in self._params.items()},
+            receiver="rollout engine's model",
+        )
         seen = set()
         for name, tensor in receive(stream, device=self.device):
             param = self._params.get(name)
