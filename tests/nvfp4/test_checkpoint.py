@@ -258,3 +258,48 @@ def test_excluding_one_fused_projection_excludes_its_group(llama):
     attn = model.model.layers[0].self_attn
     assert all(type(getattr(attn, n)) is nn.Linear for n in ("q_proj", "k_proj", "v_proj"))
     assert isinstance(model.model.layers[1].self_attn.k_proj, NVFP4Linear)
+
+
+def _corrupt_copy(src, dst, edit):
+    """Copy the checkpoint ``src`` to ``dst`` with ``edit(tensors)`` applied to its tensors."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    shutil.copytree(src, dst)
+    tensors = _tensors(src)
+    edit(tensors)
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+_LAYER = "model.layers.0.mlp.down_proj"
+
+
+def _set(key, value):
+    return lambda t: t.__setitem__(key, value(t[key]))
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (_set("model.embed_tokens.weight", lambda t: t[:1].clone()), "'model.embed_tokens.weight': expected bfloat16 [256, 64], found bfloat16 [1, 64]"),
+        (_set(f"{_LAYER}.weight_scale_2", lambda t: torch.full_like(t, float("nan"))), f"'{_LAYER}.weight_scale_2' holds NaN"),
+        (_set(f"{_LAYER}.weight", lambda t: t.to(torch.int16)), f"'{_LAYER}.weight': expected uint8"),
+        (_set(f"{_LAYER}.weight", lambda t: t[:, : t.shape[1] // 2].clone()), f"'{_LAYER}.weight': expected uint8 [64, 64], found uint8 [64, 32]"),
+        (_set(f"{_LAYER}.weight_scale", lambda t: t[:, :-1].clone()), f"'{_LAYER}.weight_scale': expected float8_e4m3fn"),
+        (lambda t: t.pop(f"{_LAYER}.input_scale"), f"tensor '{_LAYER}.input_scale' is missing"),
+        (_set(f"{_LAYER}.input_scale", lambda t: -t), f"'{_LAYER}.input_scale' must be positive"),
+        (_set("model.norm.weight", lambda t: torch.full_like(t, float("inf"))), "'model.norm.weight' holds NaN or Inf"),
+    ],
+)
+def test_load_refuses_a_corrupt_checkpoint_before_touching_the_model(exported, llama, tmp_path, edit, message):
+    _, out, _, _ = exported
+    bad = _corrupt_copy(out, tmp_path / "bad", edit)
+    model = llama(seed=5)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(CheckpointError) as info:
+        load_nvfp4(model, bad)
+    assert message in str(info.value) and "\n" not in str(info.value)
+    assert not list(nvfp4_layers(model))  # no layer was replaced
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())

@@ -260,6 +260,65 @@ def read_quantization_config(checkpoint_dir: str | os.PathLike) -> dict:
     )
 
 
+def _describe(t: torch.Tensor) -> str:
+    return f"{str(t.dtype).removeprefix('torch.')} {list(t.shape)}"
+
+
+def validate_nvfp4_tensors(
+    model: nn.Module, tensors: dict[str, torch.Tensor], quantized: set[str], root: Path
+) -> None:
+    """Check every checkpoint tensor against ``model`` before anything is copied.
+
+    For each NVFP4 layer ``q`` (an ``nn.Linear`` [out, in] of the model): ``q.weight`` uint8
+    [out, in/2], ``q.weight_scale`` float8_e4m3fn [out, in/16] and finite, ``q.weight_scale_2`` and
+    ``q.input_scale`` one finite positive float32 each, ``q.bias`` [out] if the layer has one.
+    Every other tensor: a tensor of the model with the same shape, floating where the model's is,
+    finite. Raises :class:`CheckpointError` naming the tensor, what was expected and what was found.
+    """
+    modules = dict(model.named_modules())
+    state = model.state_dict()
+    problems: list[str] = []
+
+    def check(key: str, dtype: torch.dtype | None, shape: tuple[int, ...] | None, *, scalar: bool = False):
+        t = tensors.get(key)
+        want = f"{str(dtype).removeprefix('torch.') if dtype else 'float'} {list(shape) if shape else '[] (one value)'}"
+        if t is None:
+            problems.append(f"tensor '{key}' is missing (expected {want})")
+            return
+        bad_dtype = (t.dtype != dtype) if dtype is not None else not t.dtype.is_floating_point
+        bad_shape = (t.numel() != 1) if scalar else tuple(t.shape) != shape
+        if bad_dtype or bad_shape:
+            problems.append(f"tensor '{key}': expected {want}, found {_describe(t)}")
+        elif t.dtype.is_floating_point and not bool(torch.isfinite(t.float()).all()):
+            problems.append(f"tensor '{key}' holds NaN or Inf values")
+        elif scalar and float(t.float().reshape(-1)[0]) <= 0:
+            problems.append(f"tensor '{key}' must be positive, found {float(t.float().reshape(-1)[0])}")
+
+    for name in sorted(quantized):
+        layer = modules.get(name)
+        if not isinstance(layer, nn.Linear):
+            continue  # reported by load_nvfp4 as a module the model lacks
+        out_f, in_f = layer.out_features, layer.in_features
+        check(f"{name}.weight", torch.uint8, (out_f, in_f // 2))
+        check(f"{name}.weight_scale", torch.float8_e4m3fn, (out_f, in_f // BLOCK_SIZE))
+        check(f"{name}.weight_scale_2", torch.float32, None, scalar=True)
+        check(f"{name}.input_scale", torch.float32, None, scalar=True)
+        if layer.bias is not None:
+            check(f"{name}.bias", None, (out_f,))
+    prefixes = tuple(f"{name}." for name in quantized)
+    for key, t in tensors.items():
+        if key.startswith(prefixes) or key not in state:
+            continue  # NVFP4 parts are checked above; unknown names are reported by load_nvfp4
+        target = state[key]
+        if tuple(t.shape) != tuple(target.shape) or t.dtype.is_floating_point != target.dtype.is_floating_point:
+            problems.append(f"tensor '{key}': expected {_describe(target)}, found {_describe(t)}")
+        elif t.dtype.is_floating_point and not bool(torch.isfinite(t.float()).all()):
+            problems.append(f"tensor '{key}' holds NaN or Inf values")
+    if problems:
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise CheckpointError(f"NVFP4 checkpoint '{root}' does not fit the model: {'; '.join(problems[:3])}{more}")
+
+
 def load_nvfp4(
     model: nn.Module,
     checkpoint_dir: str | os.PathLike,
@@ -284,6 +343,7 @@ def load_nvfp4(
         tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no iterator)
 
     quantized = {k[: -len(".weight_scale")] for k in tensors if k.endswith(".weight_scale")}
+    validate_nvfp4_tensors(model, tensors, quantized, root)  # before the model is touched
     exclude = list(qc.get("exclude_modules") or [])
     quantize_model(
         model,
