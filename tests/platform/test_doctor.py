@@ -612,3 +612,56 @@ def test_w4a16_kernels_verdicts(monkeypatch, child, status, phrase):
     assert result.status == status and phrase in result.reason
     if status != "ok":
         assert result.fix
+
+
+def test_a_package_whose_import_crashes_is_a_fail_line_not_a_dead_doctor(fake_packages, tmp_path):
+    """``megatron`` segfaults on import: the doctor must not import it itself (``find_spec`` on a
+    dotted name imports the parent), so it reports the crash and prints its whole report."""
+    pkg = fake_packages("megatron", "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)")
+    (pkg / "core").mkdir()
+    (pkg / "core" / "__init__.py").write_text("")
+    assert doctor._installed("megatron.core") and not doctor._installed("megatron.nosuch")
+    assert "megatron" not in sys.modules  # looking it up imported nothing
+    proc = cli("--timeout", "20")
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-2000:])
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("fail  megatron_core"))
+    assert "killed by signal 11" in line
+    assert proc.stdout.splitlines()[-1].startswith("summary:")
+
+
+def test_the_runtime_fix_step_keeps_to_one_time_budget(make_ptxas):
+    """Triton's ptxas and two CUDA 13 candidates all hang: the fix gives up within its budget
+    (before: each probe had the full limit, three hangs took three limits)."""
+    from slime_gb10.platform.fixes import fix_triton_ptxas
+    from slime_gb10.platform.ptxas import TritonPtxas
+
+    hang = str(make_ptxas("hang"))
+    triton = TritonPtxas(True, "3.6.0", "TRITON_PTXAS_BLACKWELL_PATH", hang, False, hang)
+    gb10 = gpu_probe().facts()
+    start = time.monotonic()
+    fix = fix_triton_ptxas(gb10, triton=triton, candidates=[hang, hang], timeout_s=2)
+    elapsed = time.monotonic() - start
+    assert not fix.applied and elapsed < 4.0, elapsed  # one budget (2 s) + the kill, not 3 x 2 s
+
+
+def test_a_tool_that_exits_but_leaves_a_grandchild_holding_stdout(tmp_path):
+    """It exited 0: report that (not a timeout), and kill the grandchild, which would run on."""
+    from slime_gb10.platform import subproc
+
+    script = tmp_path / "tool"
+    script.write_text("#!/bin/sh\n(sleep 100; echo late) &\necho \"child $!\"\nexit 0\n")
+    script.chmod(0o755)
+    start = time.monotonic()
+    done = subproc.run([str(script)], timeout_s=20)
+    assert done.returncode == 0 and time.monotonic() - start < 5
+    pid = int(done.stdout.split("child ")[1].split()[0])
+    for _ in range(50):  # the kill is immediate; give the kernel a moment to reap it
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"grandchild {pid} still running")

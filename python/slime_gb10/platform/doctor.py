@@ -221,8 +221,26 @@ def _dist_version(*names: str) -> str | None:
 
 
 def _installed(module: str) -> bool:
+    """Whether ``module`` can be found, WITHOUT importing anything in the doctor's process.
+
+    ``importlib.util.find_spec("megatron.core")`` imports ``megatron`` first, and an optional
+    package whose import crashes (a segfaulting extension) would take the doctor down with it. So
+    only the top-level name goes through ``find_spec`` (which imports nothing for a top-level
+    name) and each submodule is looked up on its parent's search path; every real import of an
+    optional package happens in a child (``run_child_python``).
+    """
+    import importlib.machinery
+
+    parts = module.split(".")
     try:
-        return importlib.util.find_spec(module) is not None
+        spec = importlib.util.find_spec(parts[0])
+        for part in parts[1:]:
+            if spec is None or spec.submodule_search_locations is None:
+                return False
+            spec = importlib.machinery.PathFinder.find_spec(
+                f"{spec.name}.{part}", list(spec.submodule_search_locations)
+            )
+        return spec is not None
     except (ImportError, ValueError):
         return False
 
@@ -1161,7 +1179,9 @@ def doctor_context(
     ctx = DoctorContext(timeout_s=timeout_s, fixes_disabled=not apply_fixes)
     ctx.probe = probe if probe is not None else run_probe(timeout_s=timeout_s)
     if apply_fixes:
-        ctx.fixes = apply_runtime_fixes(disable=disable_fixes, device=ctx.probe.facts())
+        ctx.fixes = apply_runtime_fixes(
+            disable=disable_fixes, device=ctx.probe.facts(), timeout_s=min(timeout_s, 30)
+        )
     return ctx
 
 

@@ -24,6 +24,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -130,10 +131,12 @@ def fix_triton_ptxas(
     user_set = [var for var in triton.env_vars if os.environ.get(var)]
     if user_set:
         return AppliedFix(name, False, f"respecting the user's {user_set[0]}={os.environ[user_set[0]]}")
+    # ``timeout_s`` bounds the whole fix (Triton's ptxas and every candidate), not each probe.
+    deadline = time.monotonic() + timeout_s
     current = probe_ptxas(triton.path, gpu_name, timeout_s)
     if current.ok:
         return AppliedFix(name, False, f"Triton's ptxas {current.version} already assembles {gpu_name}")
-    better = find_working_ptxas(gpu_name, candidates, timeout_s)
+    better = find_working_ptxas(gpu_name, candidates, timeout_s, deadline=deadline)
     if better is None:
         return AppliedFix(
             name,
@@ -232,13 +235,15 @@ def apply_runtime_fixes(
     logger: logging.Logger | None = None,
     device: DeviceFacts | Literal["auto"] | None = "auto",
     probe_timeout_s: float = 60.0,
+    timeout_s: float = 20.0,
 ) -> list[AppliedFix]:
     """Apply the GB10 runtime fixes to this process (idempotent); one :class:`AppliedFix` per fix.
 
     ``disable``: fix names or aliases (``ptxas``, ``alloc``, ``inductor``, ``all``) to skip, added
     to those in ``SLIME_GB10_DISABLE_FIXES`` / ``SLIME_GB10_NO_FIXES``. ``device``: the GPU's facts
     (``None``: no GPU); by default (``"auto"``) they are read in a child process, so CUDA is not
-    initialised here. Call it before any
+    initialised here. ``timeout_s`` bounds the ptxas fix as a whole (its probes of Triton's
+    ptxas and of every CUDA 13 candidate). Call it before any
     CUDA work: the allocator setting only applies to a CUDA context created afterwards.
     """
     logger = logger or LOG
@@ -256,7 +261,7 @@ def apply_runtime_fixes(
                 results.append(AppliedFix(name, False, "disabled"))
                 continue
             if name == "triton_ptxas":
-                outcome = fix_triton_ptxas(device)
+                outcome = fix_triton_ptxas(device, timeout_s=timeout_s)
             elif name == "alloc_expandable":
                 outcome = fix_alloc_expandable(device, logger)
             else:

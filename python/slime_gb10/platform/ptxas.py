@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -292,12 +293,23 @@ def ptxas_candidates(env: Mapping[str, str] | None = None) -> list[str]:
 
 
 def find_working_ptxas(
-    gpu_name: str, candidates: Iterable[str] | None = None, timeout_s: float = 20.0
+    gpu_name: str,
+    candidates: Iterable[str] | None = None,
+    timeout_s: float = 20.0,
+    *,
+    deadline: float | None = None,
 ) -> PtxasProbe | None:
-    """The first candidate that actually assembles ``gpu_name``, or None."""
+    """The first candidate that actually assembles ``gpu_name``, or None.
+
+    Each probe gets ``timeout_s``; with ``deadline`` (a ``time.monotonic()`` value) no probe runs
+    past it, and none starts after it.
+    """
     for candidate in ptxas_candidates() if candidates is None else candidates:
+        left = timeout_s if deadline is None else min(timeout_s, deadline - time.monotonic())
+        if left <= 0:
+            return None
         if os.path.isfile(candidate):
-            probe = probe_ptxas(candidate, gpu_name, timeout_s)
+            probe = probe_ptxas(candidate, gpu_name, left)
             if probe.ok:
                 return probe
     return None
