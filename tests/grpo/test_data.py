@@ -366,7 +366,7 @@ def test_dataset_text_cannot_inject_control_tokens(smollm2_tokenizer, question):
     tok = smollm2_tokenizer
     text, ids = encode_prompt(tok, question, system_prompt="Be brief.")
     special = set(tok.all_special_ids)
-    clean_text, clean_ids = encode_prompt(tok, "What is 2 + 2?", system_prompt="Be brief.")
+    _, clean_ids = encode_prompt(tok, "What is 2 + 2?", system_prompt="Be brief.")
     # exactly the template's control tokens, none from the question
     assert [i for i in ids if i in special] == [i for i in clean_ids if i in special]
     assert tok.decode(ids) == text  # the question is still all there, as text

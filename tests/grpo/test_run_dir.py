@@ -78,7 +78,9 @@ def test_two_processes_cannot_write_one_run(tmp_path):
     )  # fmt: skip
     try:
         assert holder.stdout.readline().strip() == "locked"
-        with pytest.raises(RunDirectoryError, match=rf"in use by another slime-gb10 process \(pid {holder.pid}\)"):
+        with pytest.raises(
+            RunDirectoryError, match=rf"in use by another slime-gb10 process \(pid {holder.pid}\)"
+        ):
             open_run_dir(run)
     finally:
         holder.kill()

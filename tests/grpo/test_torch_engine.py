@@ -195,7 +195,10 @@ def test_sliding_window_models_stay_off_the_full_attention_static_path():
         (lambda named: named[:-1], "not streamed"),  # one parameter missing (the last one)
         (lambda named: [*named, ("model.extra.weight", torch.zeros(2))], "model.extra.weight' has no tensor"),
         (lambda named: [(n, t[:1] if i == len(named) - 1 else t) for i, (n, t) in enumerate(named)], "shape"),
-        (lambda named: [(n, t.long() if i == len(named) - 1 else t) for i, (n, t) in enumerate(named)], "dtype int64"),
+        (
+            lambda named: [(n, t.long() if i == len(named) - 1 else t) for i, (n, t) in enumerate(named)],
+            "dtype int64",
+        ),
     ],
 )
 def test_a_bad_weight_stream_overwrites_no_parameter(tiny_dir, tokenizer, mutate, message):

@@ -283,17 +283,34 @@ def _set(key, value):
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (_set("model.embed_tokens.weight", lambda t: t[:1].clone()), "'model.embed_tokens.weight': expected bfloat16 [256, 64], found bfloat16 [1, 64]"),
-        (_set(f"{_LAYER}.weight_scale_2", lambda t: torch.full_like(t, float("nan"))), f"'{_LAYER}.weight_scale_2' holds NaN"),
+        (
+            _set("model.embed_tokens.weight", lambda t: t[:1].clone()),
+            "'model.embed_tokens.weight': expected bfloat16 [256, 64], found bfloat16 [1, 64]",
+        ),
+        (
+            _set(f"{_LAYER}.weight_scale_2", lambda t: torch.full_like(t, float("nan"))),
+            f"'{_LAYER}.weight_scale_2' holds NaN",
+        ),
         (_set(f"{_LAYER}.weight", lambda t: t.to(torch.int16)), f"'{_LAYER}.weight': expected uint8"),
-        (_set(f"{_LAYER}.weight", lambda t: t[:, : t.shape[1] // 2].clone()), f"'{_LAYER}.weight': expected uint8 [64, 64], found uint8 [64, 32]"),
-        (_set(f"{_LAYER}.weight_scale", lambda t: t[:, :-1].clone()), f"'{_LAYER}.weight_scale': expected float8_e4m3fn"),
+        (
+            _set(f"{_LAYER}.weight", lambda t: t[:, : t.shape[1] // 2].clone()),
+            f"'{_LAYER}.weight': expected uint8 [64, 64], found uint8 [64, 32]",
+        ),
+        (
+            _set(f"{_LAYER}.weight_scale", lambda t: t[:, :-1].clone()),
+            f"'{_LAYER}.weight_scale': expected float8_e4m3fn",
+        ),
         (lambda t: t.pop(f"{_LAYER}.input_scale"), f"tensor '{_LAYER}.input_scale' is missing"),
         (_set(f"{_LAYER}.input_scale", lambda t: -t), f"'{_LAYER}.input_scale' must be positive"),
-        (_set("model.norm.weight", lambda t: torch.full_like(t, float("inf"))), "'model.norm.weight' holds NaN or Inf"),
+        (
+            _set("model.norm.weight", lambda t: torch.full_like(t, float("inf"))),
+            "'model.norm.weight' holds NaN or Inf",
+        ),
     ],
 )
-def test_load_refuses_a_corrupt_checkpoint_before_touching_the_model(exported, llama, tmp_path, edit, message):
+def test_load_refuses_a_corrupt_checkpoint_before_touching_the_model(
+    exported, llama, tmp_path, edit, message
+):
     _, out, _, _ = exported
     bad = _corrupt_copy(out, tmp_path / "bad", edit)
     model = llama(seed=5)

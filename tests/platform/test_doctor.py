@@ -649,7 +649,7 @@ def test_a_tool_that_exits_but_leaves_a_grandchild_holding_stdout(tmp_path):
     from slime_gb10.platform import subproc
 
     script = tmp_path / "tool"
-    script.write_text("#!/bin/sh\n(sleep 100; echo late) &\necho \"child $!\"\nexit 0\n")
+    script.write_text('#!/bin/sh\n(sleep 100; echo late) &\necho "child $!"\nexit 0\n')
     script.chmod(0o755)
     start = time.monotonic()
     done = subproc.run([str(script)], timeout_s=20)

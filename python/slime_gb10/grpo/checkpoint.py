@@ -232,6 +232,8 @@ def load_for_resume(target: str | Path) -> tuple[Path, dict, dict]:
             log.warning("skipping checkpoint %s: %s", path, exc)
             continue
         if errors:
-            log.warning("resuming from the older checkpoint %s (%d newer one(s) unreadable)", path, len(errors))
+            log.warning(
+                "resuming from the older checkpoint %s (%d newer one(s) unreadable)", path, len(errors)
+            )
         return path, policy, trainer
     raise CheckpointError(f"--resume: no readable checkpoint under '{target / CHECKPOINT_DIR}': {errors[0]}")

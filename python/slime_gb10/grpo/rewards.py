@@ -74,6 +74,7 @@ def reward_value(value: object, name: str) -> float:
         )
     return result
 
+
 _THINK_OPEN = "<think>"
 _THINK_CLOSE = "</think>"
 
@@ -434,7 +435,9 @@ def get_reward(name_or_spec: str) -> RewardFn:
     """A reward by name (``"gsm8k"``) or a weighted sum spec (``"gsm8k:1.0,format:0.1"``)."""
     spec = name_or_spec.strip()
     if not spec:
-        raise RewardError(f"empty reward spec; choose from {', '.join(REWARDS)} (e.g. 'gsm8k:1.0,format:0.1')")
+        raise RewardError(
+            f"empty reward spec; choose from {', '.join(REWARDS)} (e.g. 'gsm8k:1.0,format:0.1')"
+        )
     parts: list[tuple[RewardFn, float]] = []
     for item in spec.split(","):
         name, _, weight_text = item.strip().partition(":")

@@ -184,10 +184,18 @@ def check_metadata(
                 continue
             shape, dtype = expected[t.name]
             if tuple(t.shape) != tuple(shape):
-                problems.append(f"'{t.name}': shape {tuple(t.shape)} streamed, {tuple(shape)} in the {receiver}")
+                problems.append(
+                    f"'{t.name}': shape {tuple(t.shape)} streamed, {tuple(shape)} in the {receiver}"
+                )
             sent = dtype_from_name(t.dtype)
-            if dtype is not None and sent != dtype and not (sent.is_floating_point and dtype.is_floating_point):
-                problems.append(f"'{t.name}': dtype {t.dtype} streamed, {dtype_name(dtype)} in the {receiver}")
+            if (
+                dtype is not None
+                and sent != dtype
+                and not (sent.is_floating_point and dtype.is_floating_point)
+            ):
+                problems.append(
+                    f"'{t.name}': dtype {t.dtype} streamed, {dtype_name(dtype)} in the {receiver}"
+                )
     missing = sorted(set(expected) - streamed - set(optional))
     if missing:
         problems.append(f"{len(missing)} tensor(s) of the {receiver} are not streamed, e.g. {missing[:3]}")

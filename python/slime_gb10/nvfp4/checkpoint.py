@@ -310,13 +310,18 @@ def validate_nvfp4_tensors(
         if key.startswith(prefixes) or key not in state:
             continue  # NVFP4 parts are checked above; unknown names are reported by load_nvfp4
         target = state[key]
-        if tuple(t.shape) != tuple(target.shape) or t.dtype.is_floating_point != target.dtype.is_floating_point:
+        if (
+            tuple(t.shape) != tuple(target.shape)
+            or t.dtype.is_floating_point != target.dtype.is_floating_point
+        ):
             problems.append(f"tensor '{key}': expected {_describe(target)}, found {_describe(t)}")
         elif t.dtype.is_floating_point and not bool(torch.isfinite(t.float()).all()):
             problems.append(f"tensor '{key}' holds NaN or Inf values")
     if problems:
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-        raise CheckpointError(f"NVFP4 checkpoint '{root}' does not fit the model: {'; '.join(problems[:3])}{more}")
+        raise CheckpointError(
+            f"NVFP4 checkpoint '{root}' does not fit the model: {'; '.join(problems[:3])}{more}"
+        )
 
 
 def load_nvfp4(

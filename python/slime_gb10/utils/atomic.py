@@ -22,7 +22,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-
 _umask_lock = threading.Lock()
 
 
