@@ -180,7 +180,11 @@ rec {
       system ? hardware.system,
     }:
     {
+      # Triton < 3.5 (and sm < 100) reads TRITON_PTXAS_PATH; Triton >= 3.5 takes the ptxas for sm_100+
+      # (GB10 included) from TRITON_PTXAS_BLACKWELL_PATH (knobs.nvidia.ptxas_blackwell) and ignores
+      # the other there. Both name the closure's CUDA 13 ptxas, whatever nixpkgs' triton patches do.
       TRITON_PTXAS_PATH = ptxas;
+      TRITON_PTXAS_BLACKWELL_PATH = ptxas;
       CUDA_HOME = cudaHome;
       CUDA_PATH = cudaHome;
       TORCH_CUDA_ARCH_LIST =

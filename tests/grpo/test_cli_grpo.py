@@ -98,6 +98,7 @@ def test_train_plot_eval_end_to_end(tmp_path, tiny_dir):
     result = invoke(
         "train", "--model", str(tiny_dir), "--output", str(run), "--device", "cpu", "--steps", "2",
         "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "4", "--eval-every", "2",
+        "--checkpoint-every", "2",
         "--set", "eval.num_prompts=2", "--set", "eval.k=2", "--set", "data.eval_size=2", "--no-progress",
     )  # fmt: skip
     assert result.exit_code == 0, result.output

@@ -65,7 +65,7 @@ def make_config(model_dir, out, **extra):
         "train.steps": 12,
         "train.deterministic": True,
         "eval.every": 0,
-        "output.checkpoint_every": 0,
+        "output.checkpoint_every": 1000,  # more than any test runs: a checkpoint at the end only
         "output.progress": False,
         "output.save_final_model": False,
         "backends.device": "cpu",

@@ -413,9 +413,12 @@ def test_te_recipes_disable_rht_and_keep_wgrad_bf16_on_sm12x_only(monkeypatch, w
     assert type(fp8).__name__ == "Float8CurrentScaling" and fp8.fp8_format.name == "HYBRID"
     gb10 = te_recipe("nvfp4", (12, 1))
     assert gb10.disable_rht is True  # TE issue #2372: the RHT kernel fails on sm_120/sm_121
+    assert gb10.disable_stochastic_rounding is True  # TE #3062: shared memory on sm_12x
+    assert gb10.disable_2d_quantization is False  # training keeps TE's 16x16 weight tiles
     expected = (False, False, True) if wgrad_field == "override_linear_precision" else "high_precision"
     assert getattr(gb10, wgrad_field) == expected
     blackwell_dc = te_recipe("nvfp4", (10, 0))  # B200: TE's defaults (RHT on)
     assert blackwell_dc.disable_rht is False and getattr(blackwell_dc, wgrad_field) is None
+    assert blackwell_dc.disable_stochastic_rounding is False
     with pytest.raises(ValueError, match="bf16, fp8 or nvfp4"):
         te_recipe("int8", (12, 1))

@@ -176,6 +176,7 @@ def test_environment_and_devshell(nix_eval, flake_expr, system):
     )
     env = got["env"]
     assert env["TRITON_PTXAS_PATH"].endswith("-cuda_nvcc-13.2-bin/bin/ptxas")
+    assert env["TRITON_PTXAS_BLACKWELL_PATH"] == env["TRITON_PTXAS_PATH"]  # Triton >= 3.5 on sm_100+
     assert env["PYTORCH_ALLOC_CONF"] == "expandable_segments:True"
     assert env["TORCH_CUDA_ARCH_LIST"] == ("12.1a" if system == "aarch64-linux" else "9.0;10.0;12.0")
     assert "cuda-home" in env["CUDA_HOME"]
@@ -197,6 +198,7 @@ def test_environment_and_devshell(nix_eval, flake_expr, system):
     hook = got["hook"]
     for var in (
         "TRITON_PTXAS_PATH",
+        "TRITON_PTXAS_BLACKWELL_PATH",
         "CUDA_HOME",
         "TORCH_CUDA_ARCH_LIST",
         "PYTORCH_ALLOC_CONF",

@@ -139,6 +139,8 @@ def test_runtime_env(nix_eval):
     env = nix_eval(f'{G}.runtimeEnv {{ ptxas = "/p/bin/ptxas"; cudaHome = "/cuda"; }}')
     assert env == {
         "TRITON_PTXAS_PATH": "/p/bin/ptxas",
+        # Triton >= 3.5 reads this one for sm_100+ (GB10) and ignores TRITON_PTXAS_PATH there
+        "TRITON_PTXAS_BLACKWELL_PATH": "/p/bin/ptxas",
         "CUDA_HOME": "/cuda",
         "CUDA_PATH": "/cuda",
         "TORCH_CUDA_ARCH_LIST": "12.1a",

@@ -63,3 +63,17 @@ def test_te_backend_forward_backward_on_blackwell():
     out.float().pow(2).mean().backward()
     assert layer.weight.grad is not None and torch.isfinite(layer.weight.grad).all()
     assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def test_stochastic_rounding_is_off_on_sm12x_where_te_has_the_field():
+    """TE #3062: the default recipe's stochastic-rounding cast exceeds sm_12x's 101,376 bytes of
+    shared memory. Off there (where TE's recipe has the field), TE's default elsewhere."""
+    te = {"disable_rht", "disable_stochastic_rounding", "backward_override", "disable_2d_quantization"}
+    gb10 = nvfp4_recipe_kwargs(te, sm12x=True)
+    assert gb10["disable_stochastic_rounding"] is True and gb10["disable_rht"] is True
+    assert "disable_stochastic_rounding" not in nvfp4_recipe_kwargs(te, sm12x=False)
+    older = {"disable_rht", "backward_override"}  # a TE without the field: nothing to pass
+    assert "disable_stochastic_rounding" not in nvfp4_recipe_kwargs(older, sm12x=True)
+    # Megatron training keeps TE's 16x16 weight tiles; the sm_12x workarounds are the same
+    megatron = nvfp4_recipe_kwargs(te, sm12x=True, one_d_weights=False)
+    assert "disable_2d_quantization" not in megatron and megatron["disable_stochastic_rounding"] is True

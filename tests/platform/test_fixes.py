@@ -221,12 +221,31 @@ def test_ptxas_fix_not_needed_when_tritons_ptxas_works(make_ptxas, restore_envir
 
 def test_ptxas_fix_respects_a_user_set_variable(make_ptxas, restore_environ, triton_env_clean, monkeypatch):
     user = str(make_ptxas("reject"))
-    monkeypatch.setenv("TRITON_PTXAS_PATH", user)
+    monkeypatch.setenv("TRITON_PTXAS_BLACKWELL_PATH", user)  # the variable Triton 3.6 reads for sm_121a
     fix = fix_triton_ptxas(
         GB10, triton=_triton_with(str(make_ptxas("reject"))), candidates=[str(make_ptxas("accept"))]
     )
-    assert not fix.applied and "respecting the user's TRITON_PTXAS_PATH" in fix.reason
-    assert os.environ["TRITON_PTXAS_PATH"] == user and "TRITON_PTXAS_BLACKWELL_PATH" not in os.environ
+    assert not fix.applied and "respecting the user's TRITON_PTXAS_BLACKWELL_PATH" in fix.reason
+    assert os.environ["TRITON_PTXAS_BLACKWELL_PATH"] == user and "TRITON_PTXAS_PATH" not in os.environ
+
+
+def test_triton_ptxas_path_alone_reaches_blackwell(
+    make_ptxas, restore_environ, triton_env_clean, monkeypatch
+):
+    """Triton >= 3.5 ignores TRITON_PTXAS_PATH for sm_100+: a working one set alone (as the flake's
+    environment did) is copied to TRITON_PTXAS_BLACKWELL_PATH; a broken one is left as the user set
+    it while the Blackwell variable gets a working ptxas."""
+    good = str(make_ptxas("accept"))
+    monkeypatch.setenv("TRITON_PTXAS_PATH", good)
+    fix = fix_triton_ptxas(GB10, triton=_triton_with(str(make_ptxas("reject"))), candidates=[])
+    assert fix.applied and "reads TRITON_PTXAS_BLACKWELL_PATH for sm_121a" in fix.reason
+    assert os.environ["TRITON_PTXAS_BLACKWELL_PATH"] == good
+    del os.environ["TRITON_PTXAS_BLACKWELL_PATH"]
+    bad = str(make_ptxas("reject"))
+    monkeypatch.setenv("TRITON_PTXAS_PATH", bad)
+    fix = fix_triton_ptxas(GB10, triton=_triton_with(str(make_ptxas("reject"))), candidates=[good])
+    assert fix.applied and os.environ["TRITON_PTXAS_BLACKWELL_PATH"] == good
+    assert os.environ["TRITON_PTXAS_PATH"] == bad
 
 
 @pytest.mark.skipif(triton_dir() is None, reason="Triton not installed")

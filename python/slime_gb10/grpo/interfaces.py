@@ -154,5 +154,6 @@ class PolicyBackend(abc.ABC):
         """Inverse of :meth:`state_dict` (resume)."""
 
     @abc.abstractmethod
-    def save_pretrained(self, directory: str) -> None:
-        """Write the policy as a Hugging Face model directory (config, tokenizer, safetensors)."""
+    def save_pretrained(self, directory: str, dtype: torch.dtype | None = None) -> None:
+        """Write the policy as a Hugging Face model directory (config, tokenizer, safetensors in
+        ``dtype``; None: bfloat16)."""

@@ -8,21 +8,55 @@ from pathlib import Path
 from slime_gb10.grpo.metrics import METRICS_FILE, read_jsonl
 from slime_gb10.utils.atomic import atomic_open
 
-# (metric key, panel title); a panel is skipped when the run has no finite value for it
+# (metric keys, panel title): a panel is skipped when the run has no finite value for any of its keys.
+# Per-step training metrics are drawn with gaps at steps that have no value (a step whose groups
+# all had zero variance trains nothing: no loss, gradient norm or entropy); eval metrics, logged
+# every eval.every steps, are drawn point to point.
 PANELS = [
-    ("reward_mean", "reward (mean over samples)"),
-    ("pass_rate", "pass rate"),
-    ("response_len_mean", "response length (tokens)"),
-    ("entropy", "entropy (nats/token)"),
-    ("kl", "KL(policy || reference)"),
-    ("clip_frac", "clip fraction"),
-    ("grad_norm", "gradient norm"),
-    ("eval/pass@1", "eval pass@1 (greedy)"),
+    (("reward_mean", "pass_rate"), "reward (mean) and pass rate"),
+    (("response_len_mean",), "response length (tokens)"),
+    (("entropy",), "entropy (nats/token)"),
+    (("kl",), "KL(policy || reference)"),
+    (("clip_frac",), "clip fraction"),
+    (("grad_norm",), "gradient norm"),
+    (("zero_variance_groups",), "groups with zero reward variance"),
+    (("eval/pass@1",), "eval pass@1 (greedy)"),
 ]
+
+
+def _value(row: dict, key: str) -> float:
+    value = row.get(key)
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else math.nan
 
 
 class PlotError(RuntimeError):
     pass
+
+
+def plot_panels(rows: list[dict]) -> list[tuple[str, list[tuple[str, list[tuple[int, float]]]]]]:
+    """``[(title, [(key, [(step, value), ...]), ...]), ...]``: what :func:`plot_run` draws.
+
+    Training metrics have a point at every training step, NaN (drawn as a gap, never as 0) where a
+    step has no value; eval metrics only where they were measured. A pass-rate line equal to the
+    reward line (0/1 rewards) is left out.
+    """
+    train_rows = [row for row in rows if "reward_mean" in row]  # step rows (not the step-0 eval row)
+    panels = []
+    for keys, title in PANELS:
+        lines = []
+        for key in keys:
+            if key.startswith("eval/"):  # point to point
+                points = [(row["step"], _value(row, key)) for row in rows]
+                points = [(x, y) for x, y in points if math.isfinite(y)]
+            else:  # every training step, NaN (a gap) where there is no value
+                points = [(row["step"], _value(row, key)) for row in train_rows]
+            if any(math.isfinite(y) for _, y in points):
+                lines.append((key, points))
+        if len(lines) == 2 and [y for _, y in lines[0][1]] == [y for _, y in lines[1][1]]:
+            lines = lines[:1]
+        if lines:
+            panels.append((title, lines))
+    return panels
 
 
 def plot_run(run_dir: str | Path, out_file: str | Path | None = None) -> Path:
@@ -41,23 +75,21 @@ def plot_run(run_dir: str | Path, out_file: str | Path | None = None) -> Path:
     except ImportError as exc:
         raise PlotError("plotting needs matplotlib: pip install 'slime-gb10[plot]'") from exc
 
-    panels = []
-    for key, title in PANELS:
-        points = [
-            (row["step"], row[key])
-            for row in rows
-            if isinstance(row.get(key), int | float) and math.isfinite(row[key])
-        ]
-        if points:
-            panels.append((title, points))
+    from matplotlib.ticker import MaxNLocator
+
+    panels = plot_panels(rows)
     cols = 2
     nrows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(10, 3 * nrows), squeeze=False)
-    for ax, (title, points) in zip(axes.flat, panels):
-        xs, ys = zip(*points)
-        ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, linewidth=1.5)
+    for ax, (title, lines) in zip(axes.flat, panels):
+        for key, points in lines:
+            xs, ys = zip(*points)
+            ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, linewidth=1.5, label=key)
+        if len(lines) > 1:
+            ax.legend(fontsize=8)
         ax.set_title(title)
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")

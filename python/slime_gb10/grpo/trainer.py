@@ -10,7 +10,8 @@ Each step::
         backend.train_step(minibatch, grpo_loss)       # clipped surrogate (+ KL, TIS)
     engine.update_weights(backend.export_weights())    # weight sync through a chunk stream
 
-plus evaluation every ``eval.every`` steps and a checkpoint every ``output.checkpoint_every``.
+plus evaluation every ``eval.every`` steps and a checkpoint every ``output.checkpoint_every`` (and
+at the end when that is set; Ctrl-C always writes one).
 With one epoch and one minibatch the "old" policy of the PPO ratio IS the current one, so its
 logprobs are the detached current logprobs (no extra forward; the ratio is 1 and the gradient
 is the plain policy gradient); otherwise they are computed once before the first update.
@@ -388,7 +389,7 @@ class GRPOTrainer:
             row = {"step": 0, **{f"eval/{k}": v for k, v in self.run_eval().items()}}
             row["eval_time_s"] = time.perf_counter() - start
             self.logger.log_step(row)
-            log.info("step 0 eval: %s", {k: round(v, 4) for k, v in row.items() if k.startswith("eval/")})
+            log.info("step 0 eval: %s", _eval_summary(row))
         try:
             while self.step < cfg.train.steps:
                 try:
@@ -405,7 +406,7 @@ class GRPOTrainer:
                     progress.update(1)
                     progress.set_postfix(reward=f"{row['reward_mean']:.3f}", s=f"{row['step_time_s']:.1f}")
                 every = cfg.output.checkpoint_every
-                if (every and self.step % every == 0) or self.step == cfg.train.steps:
+                if every and (self.step % every == 0 or self.step == cfg.train.steps):
                     self.save("final" if self.step == cfg.train.steps else "periodic")
         except KeyboardInterrupt:
             if self._mid_step:  # the weights in memory are half-way through a step: write nothing
@@ -419,7 +420,7 @@ class GRPOTrainer:
             from slime_gb10.utils.atomic import atomic_directory
 
             with atomic_directory(self.run_dir / "final_model") as tmp:
-                self.backend.save_pretrained(str(tmp))
+                self.backend.save_pretrained(str(tmp), dtype=getattr(torch, cfg.output.final_model_dtype))
         return history
 
     def close(self) -> None:
@@ -492,8 +493,10 @@ class GRPOTrainer:
         with finish_step_before_interrupt():
             # 3. policy update
             t1 = time.perf_counter()
+            # No trainable sample (every group had zero variance): no update, and no loss or
+            # gradient norm to report (NaN -> null in metrics.jsonl, a gap in curves.png).
             train_metrics, train_tokens, grad_norm, loss = (
-                self._update(trainable) if trainable else ({}, 0, 0.0, 0.0)
+                self._update(trainable) if trainable else ({}, 0, math.nan, math.nan)
             )
             train_time = time.perf_counter() - t1
             # The optimizer step is done: this step now counts.
@@ -552,6 +555,7 @@ class GRPOTrainer:
                 for key, value in self.run_eval().items():
                     row[f"eval/{key}"] = value
                 row["eval_time_s"] = time.perf_counter() - t2
+                log.info("step %d eval: %s", step, _eval_summary(row))
 
             self.logger.log_step(row)
             if cfg.output.samples_per_step:
@@ -713,6 +717,20 @@ def train(config: GRPOConfig, resume: bool = False) -> list[dict]:
         return trainer.train()
     finally:
         trainer.close()
+
+
+def _eval_summary(row: dict) -> str:
+    """``pass@1 0.406, pass@4 0.781, response_len_mean 36.2`` from a row's ``eval/`` keys."""
+    shown = {
+        k.removeprefix("eval/"): v
+        for k, v in row.items()
+        if k.startswith("eval/") and k != "eval/num_prompts"
+    }
+    n = row.get("eval/num_prompts")
+    where = f" on {int(n)} held-out prompts" if n else ""
+    return (
+        ", ".join(f"{k} {v:.3g}" for k, v in shown.items()) + where + f" ({row.get('eval_time_s', 0):.0f} s)"
+    )
 
 
 def _has_reference_model(backend) -> bool:

@@ -1,10 +1,14 @@
 """The ``te`` backend of :class:`~slime_gb10.nvfp4.linear.NVFP4Linear`: TransformerEngine's NVFP4 recipe.
 
-Blackwell only (sm_100+, sm_120+). On sm_12x (GB10 is sm_121) two workarounds from the GB10 ports
-(nanochat's GB10 changelog; TransformerEngine issue #2372) are applied:
+Blackwell only (sm_100+, sm_120+). On sm_12x (GB10 is sm_121) three workarounds from the GB10 ports
+(nanochat's GB10 changelog; TransformerEngine issues #2372 and #3062) are applied, by
+:func:`nvfp4_recipe_kwargs`, which the Megatron backend's recipe uses too:
 
 * ``disable_rht=True``: the Random Hadamard Transform kernel (``hadamard_transform_cast_fusion.cu``)
   fails with ``invalid argument`` for M > 32 there;
+* ``disable_stochastic_rounding=True`` (TE releases that have the field): the default recipe's
+  stochastic-rounding cast needs more shared memory than sm_12x's 101,376 bytes per block
+  (TransformerEngine issue #3062, open); the GB10 ports run with it off;
 * the weight-gradient GEMM stays in BF16. TE releases that have the per-GEMM field
   ``override_linear_precision`` (fprop, dgrad, wgrad) get ``(False, False, True)``, as nanochat
   does; newer ones (``transformer_engine/common/recipe/__init__.py``: ``backward_override`` in
@@ -35,16 +39,22 @@ def recipe_field_names(recipe_cls) -> set[str]:
     return set(getattr(recipe_cls, "__annotations__", {}))
 
 
-def nvfp4_recipe_kwargs(field_names: set[str], sm12x: bool) -> dict:
-    """Keyword arguments for ``NVFP4BlockScaling`` on this GPU, given the fields TE's version has."""
+def nvfp4_recipe_kwargs(field_names: set[str], sm12x: bool, *, one_d_weights: bool = True) -> dict:
+    """Keyword arguments for ``NVFP4BlockScaling`` on this GPU, given the fields TE's version has.
+
+    ``one_d_weights``: quantize weights in 1x16 blocks (``NVFP4Linear``: the layout the exported
+    checkpoint has) instead of TE's default 16x16 tiles (kept for Megatron training).
+    """
     kwargs: dict = {}
-    if "disable_2d_quantization" in field_names:
+    if one_d_weights and "disable_2d_quantization" in field_names:
         # TE quantizes weights in 16x16 tiles by default; the exported checkpoint (ModelOpt, SGLang)
         # uses 1x16 blocks. Train on the weights that will be served.
         kwargs["disable_2d_quantization"] = True
     if not sm12x:
         return kwargs
-    kwargs["disable_rht"] = True
+    kwargs["disable_rht"] = True  # TE #2372: the RHT cast fusion fails for M > 32 on sm_120/sm_121
+    if "disable_stochastic_rounding" in field_names:
+        kwargs["disable_stochastic_rounding"] = True  # TE #3062: its cast exceeds sm_12x's shared memory
     if "override_linear_precision" in field_names:
         kwargs["override_linear_precision"] = (False, False, True)  # (fprop, dgrad, wgrad) in BF16
     elif "backward_override" in field_names:

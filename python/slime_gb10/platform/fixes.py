@@ -128,12 +128,25 @@ def fix_triton_ptxas(
     triton = triton or triton_ptxas(device.capability)
     if not triton.installed:
         return AppliedFix(name, False, "Triton is not installed")
-    user_set = [var for var in triton.env_vars if os.environ.get(var)]
-    if user_set:
-        return AppliedFix(name, False, f"respecting the user's {user_set[0]}={os.environ[user_set[0]]}")
+    # Only the variable Triton reads for THIS arch is a choice to respect: Triton >= 3.5 takes
+    # ptxas for sm_100+ from TRITON_PTXAS_BLACKWELL_PATH and ignores TRITON_PTXAS_PATH there.
+    if os.environ.get(triton.env_var):
+        return AppliedFix(name, False, f"respecting the user's {triton.env_var}={os.environ[triton.env_var]}")
     # ``timeout_s`` bounds the whole fix (Triton's ptxas and every candidate), not each probe.
     deadline = time.monotonic() + timeout_s
-    current = probe_ptxas(triton.path, gpu_name, timeout_s)
+    other = next((v for v in triton.env_vars if v != triton.env_var and os.environ.get(v)), None)
+    if other is not None:  # e.g. TRITON_PTXAS_PATH set for a Triton that reads the Blackwell variable
+        chosen = probe_ptxas(os.environ[other], gpu_name, timeout_s)
+        if chosen.ok:
+            os.environ[triton.env_var] = os.environ[other]
+            return AppliedFix(
+                name,
+                True,
+                f"{other} is set, but Triton {triton.triton_version or ''} reads {triton.env_var} for {gpu_name}: "
+                f"set it to the same ptxas ({chosen.version})",
+                {triton.env_var: os.environ[other]},
+            )
+    current = probe_ptxas(triton.path, gpu_name, max(0.1, deadline - time.monotonic()))
     if current.ok:
         return AppliedFix(name, False, f"Triton's ptxas {current.version} already assembles {gpu_name}")
     better = find_working_ptxas(gpu_name, candidates, timeout_s, deadline=deadline)
@@ -145,7 +158,7 @@ def fix_triton_ptxas(
             "(looked in $CUDA_HOME/bin, /usr/local/cuda*/bin, PATH, the nvidia-cuda-nvcc wheel); "
             "install a CUDA 13 toolkit",
         )
-    env = {var: str(better.path) for var in triton.env_vars}
+    env = {var: str(better.path) for var in triton.env_vars if not os.environ.get(var)}
     os.environ.update(env)
     return AppliedFix(
         name, True, f"Triton's ptxas rejects {gpu_name}; using ptxas {better.version} at {better.path}", env

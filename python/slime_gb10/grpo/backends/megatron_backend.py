@@ -24,7 +24,6 @@ this module imports on any machine that has the package (importing it proves onl
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib.util
 import logging
 import math
@@ -305,7 +304,9 @@ def te_recipe(precision: str, compute_capability: tuple[int, int] | None = None)
       needs no amax history; falls back to ``DelayedScaling`` on TE versions without it.
     * ``nvfp4``: ``NVFP4BlockScaling`` (16-element blocks, E4M3 block scales, FP32 tensor scale).
       On sm_12x (GB10 = sm_121) its random Hadamard transform kernel fails with "invalid argument"
-      for M > 32 (TransformerEngine issue #2372), so ``disable_rht=True``; the weight-gradient
+      for M > 32 (TransformerEngine issue #2372), so ``disable_rht=True``, and its stochastic
+      rounding needs more shared memory than sm_12x has (TE #3062), so
+      ``disable_stochastic_rounding=True`` where the field exists; the weight-gradient
       GEMM stays BF16 as the GB10 nanochat port does: ``override_linear_precision=(False, False,
       True)`` on TE versions whose recipe has that field, else ``backward_override=
       "high_precision"`` (newer TE: the whole backward from BF16 operands).
@@ -328,16 +329,13 @@ def te_recipe(precision: str, compute_capability: tuple[int, int] | None = None)
     if precision == "nvfp4":
         if not hasattr(te_recipes, "NVFP4BlockScaling"):
             raise ImportError("this TransformerEngine has no NVFP4BlockScaling recipe (needs TE >= 2.8)")
+        from slime_gb10.nvfp4.te_backend import nvfp4_recipe_kwargs, recipe_field_names
+
         cls = te_recipes.NVFP4BlockScaling
-        fields = {f.name for f in dataclasses.fields(cls)}
-        kwargs: dict[str, Any] = {}
-        if compute_capability is not None and compute_capability[0] == 12:
-            kwargs["disable_rht"] = True  # TE #2372: RHT cast fusion fails on sm_120/sm_121
-            if "override_linear_precision" in fields:
-                kwargs["override_linear_precision"] = (False, False, True)  # (fprop, dgrad, wgrad)
-            elif "backward_override" in fields:
-                kwargs["backward_override"] = "high_precision"
-        return cls(**kwargs)
+        sm12x = compute_capability is not None and compute_capability[0] == 12
+        # The sm_12x workarounds (RHT and stochastic rounding off, BF16 weight gradients) are
+        # NVFP4Linear's; weights keep TE's 16x16 training tiles here.
+        return cls(**nvfp4_recipe_kwargs(recipe_field_names(cls), sm12x, one_d_weights=False))
     raise ValueError(f"megatron.precision must be bf16, fp8 or nvfp4, got {precision!r}")
 
 
@@ -601,10 +599,11 @@ class MegatronPolicyBackend(PolicyBackend):
         self.optimizer.load_state_dict(state["optimizer"])
         self.steps_done = int(state.get("steps_done", 0))
 
-    def save_pretrained(self, directory: str) -> None:
+    def save_pretrained(self, directory: str, dtype: torch.dtype | None = None) -> None:
+        dtype = dtype or torch.bfloat16
         from transformers import AutoModelForCausalLM
 
-        hf_model = AutoModelForCausalLM.from_config(self.hf_config, dtype=torch.bfloat16)
+        hf_model = AutoModelForCausalLM.from_config(self.hf_config, dtype=dtype)
         missing, unexpected = hf_model.load_state_dict(self.hf_state_dict(), strict=False)
         missing = [k for k in missing if not (k == "lm_head.weight" and self.arch.tie_word_embeddings)]
         if missing or unexpected:

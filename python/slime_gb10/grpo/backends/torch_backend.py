@@ -203,8 +203,20 @@ class TorchPolicyBackend(PolicyBackend):
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
 
-    def save_pretrained(self, directory: str) -> None:
-        self.model.save_pretrained(directory, safe_serialization=True)
+    def save_pretrained(self, directory: str, dtype: torch.dtype | None = None) -> None:
+        dtype = dtype or torch.bfloat16
+        # A cast copy of each tensor (the FP32 master weights stay as they are); the config's
+        # dtype says what the files hold.
+        state = {
+            k: v.detach().to(dtype) if v.is_floating_point() else v
+            for k, v in self.model.state_dict().items()
+        }
+        previous = self.model.config.dtype
+        self.model.config.dtype = dtype
+        try:
+            self.model.save_pretrained(directory, state_dict=state, safe_serialization=True)
+        finally:
+            self.model.config.dtype = previous
         self.tokenizer.save_pretrained(directory)
 
     def _to_device(self, batch: TokenBatch) -> TokenBatch:
