@@ -37,14 +37,20 @@
 
       pkgsFor =
         system:
-        import nixpkgs {
-          inherit system;
-          config = gb10.nixpkgsConfigFor {
+        let
+          pkgs = import nixpkgs {
             inherit system;
-            inherit (lib) getName;
+            config = gb10.nixpkgsConfigFor {
+              inherit system;
+              inherit (lib) getName;
+              # nixpkgs' license-based CUDA predicate where this revision has it (evaluated only
+              # when a package's licence is checked, so referring to `pkgs` here is not a cycle).
+              cudaPredicate = pkgs._cuda.lib.allowUnfreeCudaPredicate or null;
+            };
+            overlays = [ self.overlays.default ];
           };
-          overlays = [ self.overlays.default ];
-        };
+        in
+        pkgs;
 
       forAllSystems = f: lib.genAttrs systems (system: f (pkgsFor system));
     in
@@ -59,15 +65,28 @@
         src = ./.;
       };
 
-      packages = forAllSystems (pkgs: {
-        default = pkgs.slime-gb10-env;
-        slime-gb10 = pkgs.slime-gb10-env;
-        python = pkgs.slime-gb10-env.python;
-        sglang-kernel = pkgs.python3Packages.sglang-kernel;
-        transformer-engine = pkgs.python3Packages.transformer-engine;
-        megatron-core = pkgs.python3Packages.megatron-core;
-        cuda-profiler-api-shim = pkgs.cuda-profiler-api-shim;
-      });
+      packages = forAllSystems (
+        pkgs:
+        let
+          py = pkgs.slime-gb10-python.pkgs;
+        in
+        {
+          # the full environment where the pin has sglang, else the core one (nix/overlay.nix)
+          default = pkgs.slime-gb10-env;
+          slime-gb10 = pkgs.slime-gb10-env;
+          slime-gb10-core = pkgs.slime-gb10-core;
+          python = pkgs.slime-gb10-env.python;
+          transformer-engine = py.transformer-engine;
+          megatron-core = py.megatron-core;
+          cuda-profiler-api-shim = pkgs.cuda-profiler-api-shim;
+          # The GPU checks (doctor, pytest -m gpu): not in `checks`, so `nix flake check` passes on
+          # any machine; `nix build .#gpu-checks -L` runs them on a GPU runner (nix/README.md).
+          gpu-checks = pkgs.callPackage ./nix/gpu-checks.nix { src = ./.; };
+        }
+        // lib.optionalAttrs pkgs.slime-gb10-has-sglang {
+          sglang-kernel = py.sglang-kernel;
+        }
+      );
 
       apps = forAllSystems (
         pkgs:
@@ -88,7 +107,9 @@
         default = pkgs.callPackage ./nix/devshell.nix { };
       });
 
-      # callPackage makes its result overridable; `checks` must hold derivations only.
+      # CPU checks only: they build in the normal sandbox on any machine (the GPU ones are
+      # packages.<system>.gpu-checks). callPackage makes its result overridable; `checks` must
+      # hold derivations only.
       checks = forAllSystems (
         pkgs:
         builtins.removeAttrs (pkgs.callPackage ./nix/checks.nix { src = ./.; }) [

@@ -1,9 +1,11 @@
 # devShells.<system>.default: the slime-gb10 environment plus the CUDA 13 toolchain.
 #
 #   nvcc, ptxas, cuobjdump, nvdisasm from the same cudaPackages the closure was built with;
-#   TRITON_PTXAS_PATH, CUDA_HOME, TORCH_CUDA_ARCH_LIST, PYTORCH_ALLOC_CONF (nix/gb10.nix runtimeEnv);
-#   the host NVIDIA driver on LD_LIBRARY_PATH on NixOS and on non-NixOS hosts alike
-#   (slime-gb10-host-driver: /run/opengl-driver/lib, else nixglhost, else ldconfig symlinks).
+#   TRITON_PTXAS_PATH, TRITON_PTXAS_BLACKWELL_PATH, CUDA_HOME, TORCH_CUDA_ARCH_LIST,
+#   PYTORCH_ALLOC_CONF (nix/gb10.nix runtimeEnv) for the whole shell;
+#   the host NVIDIA driver NOT for the whole shell: the environment's wrappers (python, slime-gb10,
+#   pytest come first on PATH) give it to each program they start (nixglhost on non-NixOS hosts;
+#   see nix/packages/slime-gb10-env.nix). `nixglhost <cmd>` is on PATH for anything else.
 {
   lib,
   mkShell,

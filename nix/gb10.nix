@@ -46,6 +46,16 @@ rec {
     packageSet = "cudaPackages_13_2";
   };
 
+  # ---- the interpreter ------------------------------------------------------------------------
+  # Pinned, not nixpkgs' `python3`: at a 2026 revision that default may be 3.14, on which nixpkgs'
+  # triton disables 13 GPU tests (CompilationError: `ast.Num` is gone, hit by ordinary loop
+  # kernels), and megatron-core / TransformerEngine are not tested on 3.14. 3.13 is what nixpkgs'
+  # CUDA Python packages are built and tested with through 2026 (megatron-core >= 0.17 needs >= 3.12).
+  python = {
+    attr = "python313";
+    version = "3.13";
+  };
+
   # ---- arch-flag functions (all pure) --------------------------------------------------------
   # "12.1" -> "sm_121"
   smArch = capability: "sm_${dropDot capability}";
@@ -159,15 +169,23 @@ rec {
   isAllowedUnfree = name: anyPrefix unfreeNamePrefixes name;
 
   # The nixpkgs `config` for a system. `getName` is lib.getName (a package -> its pname); passed in
-  # so this file needs no lib.
+  # so this file needs no lib. `cudaPredicate`: nixpkgs' license-based
+  # `_cuda.lib.allowUnfreeCudaPredicate` where the pinned revision has it (the flake passes
+  # `pkgs._cuda.lib.allowUnfreeCudaPredicate or null`, read lazily, when a package is checked);
+  # without it, the name prefixes above decide.
   nixpkgsConfigFor =
-    { system, getName }:
+    {
+      system,
+      getName,
+      cudaPredicate ? null,
+    }:
     {
       cudaSupport = true;
       cudaCapabilities = (profileFor system).cudaCapabilities;
       # Keep PTX for the newest capability so a later driver can JIT it for newer GPUs.
       cudaForwardCompat = true;
-      allowUnfreePredicate = pkg: isAllowedUnfree (getName pkg);
+      allowUnfreePredicate =
+        pkg: if cudaPredicate != null then cudaPredicate pkg else isAllowedUnfree (getName pkg);
     };
 
   # ---- runtime environment -------------------------------------------------------------------

@@ -70,5 +70,34 @@ fixes.topLevel
     else
       nix-gl-host.packages.${system}.default or (import (nix-gl-host + "/default.nix") { pkgs = final; });
 
-  slime-gb10-env = final.callPackage ./packages/slime-gb10-env.nix { inherit gb10; };
+  # The interpreter every environment uses (nix/gb10.nix says why it is pinned); its package set
+  # carries our pythonPackagesExtensions like every other.
+  slime-gb10-python = prev.${gb10.python.attr};
+
+  # The environments: "core" never refers to sglang (it evaluates on a nixpkgs revision that has
+  # no python3Packages.sglang); "full" is the design's (SGLang + sgl-kernel + TransformerEngine).
+  slime-gb10-core = final.callPackage ./packages/slime-gb10-env.nix {
+    inherit gb10;
+    python3 = final.slime-gb10-python;
+    variant = "core";
+  };
+  slime-gb10-full = final.callPackage ./packages/slime-gb10-env.nix {
+    inherit gb10;
+    python3 = final.slime-gb10-python;
+    variant = "full";
+  };
+  # THE environment (packages.default, the apps, the devShell, the checks): the full one where the
+  # pinned nixpkgs has sglang and sglang-kernel (PR #525141), else the core one, with a warning at
+  # evaluation, so that `nix flake check`, `nix develop` and `nix build` work on either revision.
+  slime-gb10-has-sglang =
+    final.slime-gb10-python.pkgs ? sglang && final.slime-gb10-python.pkgs ? sglang-kernel;
+  slime-gb10-env =
+    if final.slime-gb10-has-sglang then
+      final.slime-gb10-full
+    else
+      lib.warn (
+        "slime-gb10: this nixpkgs revision has no python3Packages.sglang / sglang-kernel; "
+        + "the environment is slime-gb10-core (PyTorch rollouts, PyTorch and Megatron-core "
+        + "training, no SGLang, no TransformerEngine)"
+      ) final.slime-gb10-core;
 }

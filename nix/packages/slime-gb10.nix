@@ -20,8 +20,8 @@
   pyyaml,
   tqdm,
 
-  # optional-dependencies
-  sglang,
+  # optional-dependencies (sglang: absent from nixpkgs revisions before PR #525141)
+  sglang ? null,
   megatron-core,
   transformer-engine,
   triton,
@@ -53,6 +53,7 @@ buildPythonPackage {
         file.hasExt "py"
         || file.hasExt "json"
         || file.hasExt "yaml"
+        || file.hasExt "cu" # kernel and compile-check sources shipped as package data
         || file.name == "py.typed"
       ) (src + "/python"))
     ];
@@ -75,7 +76,7 @@ buildPythonPackage {
   ];
 
   optional-dependencies = {
-    sglang = [ sglang ];
+    sglang = lib.optional (sglang != null) sglang;
     megatron = [ megatron-core ];
     te = [ transformer-engine ];
     triton = [ triton ];

@@ -65,4 +65,4 @@ def gb10_expr() -> str:
 @pytest.fixture(scope="session")
 def flake_expr() -> str:
     """The flake's outputs, evaluated against tests/nix/fake-nixpkgs."""
-    return "(import ./tests/nix/eval-flake.nix)"
+    return "(import ./tests/nix/eval-flake.nix { })"

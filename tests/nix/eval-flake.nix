@@ -1,11 +1,24 @@
 # Evaluate flake.nix's outputs with the fake nixpkgs and a fake nix-gl-host (tests/nix).
+# `withSglang = false`: a nixpkgs revision without python3Packages.sglang / sglang-kernel;
+# `withCudaPredicate = false`: one without _cuda.lib.allowUnfreeCudaPredicate (one switch at a time).
+{
+  withSglang ? true,
+  withCudaPredicate ? true,
+}:
 let
   root = ../..;
   flake = import (root + "/flake.nix");
   libPath = builtins.getEnv "SLIME_GB10_NIXPKGS_LIB";
   lib = if libPath == "" then import ./stub-lib.nix else import libPath;
+  # `import nixpkgs { ... }` in flake.nix imports outPath: the fake, or a variant of it.
   nixpkgs = {
-    outPath = ./fake-nixpkgs;
+    outPath =
+      if !withSglang then
+        ./fake-nixpkgs/without-sglang.nix
+      else if !withCudaPredicate then
+        ./fake-nixpkgs/without-cuda-predicate.nix
+      else
+        ./fake-nixpkgs;
     inherit lib;
   };
   nix-gl-host = {

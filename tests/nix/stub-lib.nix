@@ -24,6 +24,10 @@ rec {
   optionals = cond: xs: if cond then xs else [ ];
   optionalString = cond: s: if cond then s else "";
   optionalAttrs = cond: as: if cond then as else { };
+  warn = msg: builtins.trace "evaluation warning: ${msg}";
+  assertOneOf =
+    name: val: xs:
+    if b.elem val xs then true else throw "${name} must be one of ${b.toJSON xs}, but is: ${b.toJSON val}";
   boolToString = x: if x then "true" else "false";
   stringToCharacters = s: b.genList (i: b.substring i 1 s) (b.stringLength s);
   toUpper = s: b.replaceStrings (stringToCharacters "abcdefghijklmnopqrstuvwxyz") (stringToCharacters "ABCDEFGHIJKLMNOPQRSTUVWXYZ") s;

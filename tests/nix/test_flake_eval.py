@@ -50,25 +50,20 @@ def test_every_output_evaluates(nix_eval, flake_expr, system):
         [
             "cuda-profiler-api-shim",
             "default",
+            "gpu-checks",
             "megatron-core",
             "python",
             "sglang-kernel",
             "slime-gb10",
+            "slime-gb10-core",
             "transformer-engine",
         ]
     )
     assert names["apps"] == ["default", "slime-gb10"]
     assert names["devShells"] == ["default"]
+    # CPU checks only: `nix flake check` must pass on a machine without the `cuda` feature
     assert names["checks"] == sorted(
-        [
-            "cpu-nix-static",
-            "cpu-ptxas-sm121a",
-            "cpu-pytest",
-            "cpu-ruff",
-            "cpu-sgl-kernel-patch",
-            "gpu-doctor",
-            "gpu-pytest",
-        ]
+        ["cpu-nix-static", "cpu-pytest", "cpu-ruff", "cpu-sgl-kernel-patch", "cpu-sm121a-compile"]
     )
     for kind, attrs in names.items():
         for attr in attrs:
@@ -170,16 +165,24 @@ def test_profiler_api_shim_when_component_missing(nix_eval):
 def test_environment_and_devshell(nix_eval, flake_expr, system):
     got = nix_eval(
         f"let o = {flake_expr}; e = o.packages.{system}.slime-gb10; d = o.devShells.{system}.default; in {{"
-        "  env = e.runtimeEnv; pkgs = map (p: p.pname or p.name) e.python.packages;"
+        "  env = e.runtimeEnv; pkgs = map (p: p.pname or p.name) e.python.packages; python = e.python.name;"
+        "  wrapperText = (builtins.head (builtins.filter (p: p ? text) e.paths)).text;"
+        "  cudaHome = map toString e.cudaHome.paths;"
         "  wrappers = map (p: p.name) (builtins.filter (p: p ? text) e.paths);"
         "  hook = d.shellHook; shellPkgs = map (p: p.pname or p.name) d.packages; stdenv = d.stdenvName; }"
     )
     env = got["env"]
+    assert got["python"] == "python3.13-env"  # pinned (nix/gb10.nix), not the revision's python3 (3.14 here)
     assert env["TRITON_PTXAS_PATH"].endswith("-cuda_nvcc-13.2-bin/bin/ptxas")
     assert env["TRITON_PTXAS_BLACKWELL_PATH"] == env["TRITON_PTXAS_PATH"]  # Triton >= 3.5 on sm_100+
     assert env["PYTORCH_ALLOC_CONF"] == "expandable_segments:True"
     assert env["TORCH_CUDA_ARCH_LIST"] == ("12.1a" if system == "aarch64-linux" else "9.0;10.0;12.0")
     assert "cuda-home" in env["CUDA_HOME"]
+    # one CUDA_HOME with what run-time compilers include (FlashInfer's JIT: CCCL, runtime, cuBLAS, cuRAND)
+    for component in ("cuda_nvcc", "cuda_cccl", "cuda_cudart", "libcublas", "libcurand", "cuda_cuobjdump"):
+        assert any(
+            f"-{component}-13.2-include" in p or f"-{component}-13.2-bin" in p for p in got["cudaHome"]
+        ), component
     assert "gcc-wrapper" in env["CC"] and env["CC"].endswith("/bin/cc") and env["CXX"].endswith("/bin/c++")
     for needed in (
         "slime-gb10",
@@ -195,6 +198,8 @@ def test_environment_and_devshell(nix_eval, flake_expr, system):
     ):
         assert needed in got["pkgs"], needed
     assert got["wrappers"] == ["slime-gb10", "python", "python3", "pytest"]
+    # non-NixOS: the program runs under nixglhost (the driver for it alone), ldconfig links otherwise
+    assert "nixglhost" in got["wrapperText"] and 'exec "$@"' in got["wrapperText"]
     hook = got["hook"]
     for var in (
         "TRITON_PTXAS_PATH",
@@ -202,9 +207,11 @@ def test_environment_and_devshell(nix_eval, flake_expr, system):
         "CUDA_HOME",
         "TORCH_CUDA_ARCH_LIST",
         "PYTORCH_ALLOC_CONF",
-        "LD_LIBRARY_PATH",
     ):
         assert var in hook, var
+    # nix-gl-host's README: exporting its library path for a whole shell is a footgun. The shell
+    # exports none; each wrapper gives the driver to the program it starts.
+    assert "LD_LIBRARY_PATH" not in hook and "nixglhost" not in hook
     assert "slime-gb10 doctor" in hook
     assert got["stdenv"] == "cuda-backend-stdenv"  # nvcc needs a gcc it supports
     for tool in ("cuda_nvcc", "cuda_cuobjdump", "nixglhost"):
@@ -212,23 +219,66 @@ def test_environment_and_devshell(nix_eval, flake_expr, system):
 
 
 @pytest.mark.parametrize("system", SYSTEMS)
-def test_checks_split_cpu_and_gpu(nix_eval, flake_expr, system):
+def test_gpu_checks_are_a_package_not_checks(nix_eval, flake_expr, system):
     got = nix_eval(
-        f"let c = {flake_expr}.checks.{system}; in builtins.mapAttrs (n: d: {{"
-        '  features = d.requiredSystemFeatures or [ ]; cmd = d.buildCommand or d.installPhase or ""; }) c'
+        f"let o = {flake_expr}; c = o.checks.{system}; g = o.packages.{system}.gpu-checks; in {{"
+        "  checks = builtins.mapAttrs (n: d: { features = d.requiredSystemFeatures or [ ];"
+        '    cmd = d.buildCommand or d.installPhase or ""; }) c;'
+        "  gpu = builtins.mapAttrs (n: d: { features = d.requiredSystemFeatures; cmd = d.buildCommand; }) g.entries; }"
     )
-    for name, check in got.items():
-        if name.startswith("gpu-"):
-            assert check["features"] == ["cuda"], name
-        else:
-            assert check["features"] == [], name
-    assert "slime-gb10 doctor" in got["gpu-doctor"]["cmd"]
-    assert "-m gpu" in got["gpu-pytest"]["cmd"]
+    assert all(check["features"] == [] for check in got["checks"].values())
+    assert sorted(got["gpu"]) == ["doctor", "pytest"]
+    assert all(check["features"] == ["cuda"] for check in got["gpu"].values())
+    assert "slime-gb10 doctor" in got["gpu"]["doctor"]["cmd"]
+    assert "-m gpu" in got["gpu"]["pytest"]["cmd"]
     for d in ("tests/platform", "tests/nvfp4", "tests/grpo"):
-        assert d in got["gpu-pytest"]["cmd"]
-    assert '-m "not gpu"' in got["cpu-pytest"]["cmd"]
-    assert "sm_121a" in got["cpu-ptxas-sm121a"]["cmd"]
-    assert "SGL_KERNEL_GB10_ONLY" in got["cpu-sgl-kernel-patch"]["cmd"]
+        assert d in got["gpu"]["pytest"]["cmd"]
+    assert '-m "not gpu"' in got["checks"]["cpu-pytest"]["cmd"]
+    compile_cmd = got["checks"]["cpu-sm121a-compile"]["cmd"]
+    assert "slime_gb10.platform.aot triton cuda --arch 121" in compile_cmd and "sm_121a" in compile_cmd
+    assert "SGL_KERNEL_GB10_ONLY" in got["checks"]["cpu-sgl-kernel-patch"]["cmd"]
+
+
+@pytest.mark.parametrize("system", SYSTEMS)
+def test_a_nixpkgs_without_sglang_still_evaluates(nix_eval, system):
+    """A pin from before nixpkgs PR #525141: every output evaluates; the environment is the core
+    one (no sglang, sgl-kernel or TE); asking for the full one directly names what is missing."""
+    flake = "(import ./tests/nix/eval-flake.nix { withSglang = false; })"
+    names = nix_eval(
+        f'let o = {flake}; s = "{system}"; in'
+        " { packages = builtins.attrNames o.packages.${s}; checks = builtins.attrNames o.checks.${s}; }"
+    )
+    assert "sglang-kernel" not in names["packages"] and "cpu-sgl-kernel-patch" not in names["checks"]
+    for kind, attrs in names.items():
+        for attr in attrs:
+            assert nix_eval(f"({FORCE}) {flake}.{kind}.{system}.{attr}") is True, (kind, attr)
+    got = nix_eval(
+        f"let p = {flake}.packages.{system}; in {{ default = p.default.name; core = p.slime-gb10-core.name;"
+        "  pkgs = map (p: p.pname or p.name) p.slime-gb10-core.python.packages; }"
+    )
+    assert got["default"] == got["core"] and got["core"].startswith("slime-gb10-core-")
+    assert not {"sglang", "sglang-kernel", "transformer-engine"} & set(got["pkgs"])
+    assert {"slime-gb10", "torch", "triton", "megatron-core", "pytest"} <= set(got["pkgs"])
+    full = nix_eval.run(
+        ["--readonly-mode", "--eval", "--strict", "-E",
+         f'let pkgs = import ./tests/nix/fake-nixpkgs/without-sglang.nix {{ system = "{system}"; overlays = ['
+         " (import ./nix/overlay.nix { gb10 = import ./nix/gb10.nix; src = ./.; }) ]; };"
+         " in map (p: p.pname or p.name) pkgs.slime-gb10-full.python.packages"],
+        check=False,
+    )  # fmt: skip
+    assert full.returncode != 0 and "has no python3.13Packages.sglang" in full.stderr
+
+
+@pytest.mark.parametrize("system", SYSTEMS)
+def test_the_core_environment_never_refers_to_sglang(nix_eval, flake_expr, system):
+    got = nix_eval(
+        f"let p = {flake_expr}.packages.{system}; in {{"
+        "  core = map (p: p.pname or p.name) p.slime-gb10-core.python.packages;"
+        "  full = map (p: p.pname or p.name) p.slime-gb10.python.packages; }"
+    )
+    assert not {"sglang", "sglang-kernel", "transformer-engine"} & set(got["core"])
+    assert {"sglang", "sglang-kernel", "transformer-engine"} <= set(got["full"])
+    assert set(got["core"]) <= set(got["full"])
 
 
 def test_host_driver_fallback_links_only_driver_libraries(nix_eval, flake_expr, tmp_path):

@@ -162,3 +162,19 @@ def test_shell_exports_keep_user_values(nix_eval, tmp_path):
         ["bash", "-c", script], capture_output=True, text=True, env={"PATH": os.environ["PATH"], "A": "mine"}
     )
     assert user.stdout == "mine|/x y"
+
+
+def test_nixpkgs_config_prefers_nixpkgs_cuda_licence_predicate(nix_eval):
+    """Where the pin has _cuda.lib.allowUnfreeCudaPredicate it decides (by licence); the name
+    prefixes are only the fallback."""
+    got = nix_eval(
+        f'let c = pred: ({G}.nixpkgsConfigFor {{ system = "aarch64-linux"; getName = p: p.pname;'
+        "   cudaPredicate = pred; }).allowUnfreePredicate;"
+        '  byLicence = p: (p.license or "") == "nvidia";'
+        "  in {"
+        '    licensed = c byLicence { pname = "unrar"; license = "nvidia"; };'
+        '    namedOnly = c byLicence { pname = "cuda_nvcc"; license = "other"; };'
+        '    fallback = c null { pname = "cuda_nvcc"; license = "other"; };'
+        '    fallbackOther = c null { pname = "unrar"; license = "nvidia"; }; }'
+    )
+    assert got == {"licensed": True, "namedOnly": False, "fallback": True, "fallbackOther": False}

@@ -11,6 +11,10 @@
   system,
   config ? { },
   overlays ? [ ],
+  # false: a nixpkgs revision from before PR #525141 (no python3Packages.sglang / sglang-kernel)
+  withSglang ? true,
+  # false: a revision whose _cuda has no lib.allowUnfreeCudaPredicate
+  withCudaPredicate ? true,
 }:
 let
   libPath = builtins.getEnv "SLIME_GB10_NIXPKGS_LIB";
@@ -79,6 +83,7 @@ let
     mkDrv {
       inherit pname outputs;
       version = "13.2";
+      meta.license = "nvidia-cuda"; # what the fake allowUnfreeCudaPredicate accepts
     };
 
   cudaPackages_13_2 = {
@@ -88,7 +93,12 @@ let
       name = "cuda-backend-stdenv";
       cc = mkDrv { pname = "gcc-wrapper"; version = "14"; };
     };
-    cuda_nvcc = (cudaComponent "cuda_nvcc" [ "out" "bin" "include" ]) // { meta.mainProgram = "nvcc"; };
+    cuda_nvcc = (cudaComponent "cuda_nvcc" [ "out" "bin" "include" ]) // {
+      meta = {
+        mainProgram = "nvcc";
+        license = "nvidia-cuda";
+      };
+    };
     cuda_cudart = cudaComponent "cuda_cudart" [ "out" "include" "lib" "stubs" ];
     cuda_cccl = cudaComponent "cuda_cccl" [ "out" "include" ];
     cuda_crt = cudaComponent "cuda_crt" [ "out" "include" ];
@@ -99,6 +109,28 @@ let
     cuda_nvdisasm = cudaComponent "cuda_nvdisasm" [ "out" "bin" ];
     cudnn = cudaComponent "cudnn" [ "out" "include" "lib" ];
     libcublas = cudaComponent "libcublas" [ "out" "include" "lib" ];
+    libcurand = cudaComponent "libcurand" [ "out" "include" "lib" ];
+  };
+
+  # pkgs/development/cuda-modules/_cuda/lib/cuda.nix: allowUnfreeCudaPredicate decides by licence;
+  # the stub accepts what carries the NVIDIA licence marker the fake's CUDA components would have.
+  cudaLib = lib.optionalAttrs withCudaPredicate {
+    allowUnfreeCudaPredicate = pkg: (pkg.meta.license or null) == "nvidia-cuda";
+  };
+
+  # python3 is the revision's default interpreter (3.14 here, as the pin's may be); python313 the
+  # one the flake pins. Both share one package set (what differs is the interpreter's name).
+  mkPythonFor = final: version: {
+    inherit version;
+    pythonVersion = version;
+    libPrefix = "python${version}";
+    pkgs = final.python3Packages;
+    withPackages =
+      f:
+      mkDrv {
+        name = "python${version}-env";
+        packages = f final.python3Packages;
+      };
   };
 
   base = final: {
@@ -113,7 +145,10 @@ let
     inherit cudaPackages_13_2;
     cudaPackages = throw "fake nixpkgs: default cudaPackages (12.x in nixpkgs) used instead of the overlay's";
     # lib.makeExtensible-like: `extend` takes `final: prev: attrs`.
-    _cuda = mkExtensible { extensions = [ ]; };
+    _cuda = mkExtensible {
+      extensions = [ ];
+      lib = cudaLib;
+    };
 
     cmake = mkDrv {
       pname = "cmake";
@@ -121,10 +156,9 @@ let
     };
     ruff = mkDrv { pname = "ruff"; version = "0.15.0"; meta.mainProgram = "ruff"; };
     nix = mkDrv { pname = "nix"; version = "2.31"; };
-    python3 = {
-      pkgs = final.python3Packages;
-      withPackages = f: mkDrv { name = "python3-env"; packages = f final.python3Packages; };
-    };
+    python3 = mkPythonFor final "3.14";
+    python313 = mkPythonFor final "3.13";
+    python312 = mkPythonFor final "3.12";
     pythonPackagesExtensions = [ ];
     python3Packages = lib.fix (
       b.foldl' (acc: ext: lib.extends ext acc) (pyBase final) final.pythonPackagesExtensions
@@ -140,6 +174,7 @@ let
       { stdenv }: attrs: mkDrv (attrs // { name = attrs.name or "shell"; stdenvName = stdenv.name; })
     ) { };
     writeShellScript = name: text: mkDrv { inherit name text; };
+    linkFarm = name: entries: mkDrv { inherit name entries; };
     writeShellScriptBin =
       name: text:
       mkDrv {
@@ -182,7 +217,6 @@ let
       pytestCheckHook = simple "pytest-check-hook";
       torch = simple "torch";
       triton = simple "triton";
-      sglang = simple "sglang";
       pytest = simple "pytest";
       hypothesis = simple "hypothesis";
       setuptools = simple "setuptools";
@@ -207,6 +241,9 @@ let
       regex = simple "regex";
       rich = simple "rich";
       scipy = simple "scipy";
+    }
+    // lib.optionalAttrs withSglang {
+      sglang = simple "sglang";
       # pkgs/development/python-modules/sglang-kernel/default.nix (arguments and the attributes
       # the overlay extends: patches, cmakeFlags, preBuild)
       sglang-kernel = callPy (
@@ -227,6 +264,8 @@ let
           dependencies = [ torch ];
         }
       ) { };
+    }
+    // {
       # pkgs/development/python-modules/transformer-engine/default.nix (2.18 argument set)
       transformer-engine = callPy (
         {
