@@ -140,3 +140,28 @@ def test_token_batch_layout(tokenizer):
     assert batch.completion_mask.tolist() == [[0, 0, 0, 1, 1], [0, 0, 0, 0, 0]]  # train=False: masked out
     assert extras["rollout_logprobs"][0].tolist() == [0, 0, 0, -0.5, -0.25]
     assert extras["advantages"].tolist() == [1.0, -1.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_final_model_is_written_in_its_dtype_tied_once(tiny_dir, tokenizer, tmp_path, dtype):
+    """final_model/ holds the master weights cast to ``dtype`` (BF16 by default: half the bytes),
+    a tied lm_head written once, and a config that says what the files hold."""
+    import json
+
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    backend = make_backend(tiny_dir, tokenizer)
+    backend.save_pretrained(str(tmp_path / "out"), dtype=dtype)
+    with safe_open(str(tmp_path / "out" / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+        assert {f.get_tensor(n).dtype for n in names} == {dtype}
+    assert "lm_head.weight" not in names and "model.embed_tokens.weight" in names
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["dtype"] == str(dtype).removeprefix(
+        "torch."
+    )
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    assert loaded.dtype == dtype
+    for name, param in backend.model.named_parameters():
+        assert torch.equal(loaded.get_parameter(name), param.detach().to(dtype)), name
+    assert backend.model.dtype == torch.float32  # the master weights are untouched

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import logging
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -206,17 +208,26 @@ class TorchPolicyBackend(PolicyBackend):
     def save_pretrained(self, directory: str, dtype: torch.dtype | None = None) -> None:
         dtype = dtype or torch.bfloat16
         # A cast copy of each tensor (the FP32 master weights stay as they are); the config's
-        # dtype says what the files hold.
-        state = {
-            k: v.detach().to(dtype) if v.is_floating_point() else v
-            for k, v in self.model.state_dict().items()
-        }
-        previous = self.model.config.dtype
-        self.model.config.dtype = dtype
-        try:
-            self.model.save_pretrained(directory, state_dict=state, safe_serialization=True)
-        finally:
-            self.model.config.dtype = previous
+        # dtype says what the files hold. Tensors that share storage (a tied lm_head) share their
+        # copy too, so save_pretrained still sees them tied and writes one.
+        copies: dict[tuple, torch.Tensor] = {}
+        state = {}
+        for key, value in self.model.state_dict().items():
+            if not value.is_floating_point():
+                state[key] = value
+                continue
+            ident = (value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape))
+            if ident not in copies:
+                copies[ident] = value.detach().to(dtype)
+            state[key] = copies[ident]
+        self.model.save_pretrained(directory, state_dict=state, safe_serialization=True)
+        # save_pretrained records the dtype of the model in memory (FP32); say what the files hold
+        config_path = Path(directory) / "config.json"
+        config = json.loads(config_path.read_text())
+        for key in ("dtype", "torch_dtype"):  # transformers >= 5 / 4.x
+            if key in config:
+                config[key] = str(dtype).removeprefix("torch.")
+        config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         self.tokenizer.save_pretrained(directory)
 
     def _to_device(self, batch: TokenBatch) -> TokenBatch:
