@@ -47,7 +47,10 @@ lib.optionalAttrs (pyPrev ? sglang-kernel) {
             profile
             cudaPackages
             ;
-          inherit (pkgs) cmake;
+          # CMake >= 4 for the family targets (blocker 9): nixpkgs' cmake, or its cmake_4 where
+          # the default is still 3.x at the pin.
+          cmake =
+            if lib.versionAtLeast pkgs.cmake.version "4.0" then pkgs.cmake else pkgs.cmake_4 or pkgs.cmake;
           profilerApi = pkgs.cuda-profiler-api-for-te;
         }
       );

@@ -28,8 +28,11 @@ let
   cudnnLib = lib.getLib cudaPackages.cudnn;
 in
 assert lib.assertMsg (lib.versionAtLeast cmake.version "4.0")
-  "transformer-engine for GB10 needs CMake >= 4.0 for the '${archs}' family targets; this nixpkgs has ${cmake.version}";
+  "transformer-engine for GB10 needs CMake >= 4.0 for the '${archs}' family targets; this nixpkgs has ${cmake.version} and no cmake_4: pin a newer nixpkgs";
 old: {
+  # the CMake the assertion above checked, first on PATH (nixpkgs' own cmake input may be 3.x)
+  nativeBuildInputs = [ cmake ] ++ (old.nativeBuildInputs or [ ]);
+
   env = (old.env or { }) // {
     NVTE_CUDA_ARCHS = archs;
     CMAKE_POLICY_VERSION_MINIMUM = "3.5";

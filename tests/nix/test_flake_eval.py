@@ -356,3 +356,29 @@ def test_nixpkgs_fixes_apply_when_the_packages_exist(nix_eval):
         "  js = builtins.length p.jupyter-server.disabledTests; }"
     )
     assert got == {"opencvCuda": False, "ct": ["psutil"], "cupy": "13.2", "bnb": ["cuda_crt"], "js": 2}
+
+
+def test_transformer_engine_takes_cmake_4_where_the_default_cmake_is_3(nix_eval):
+    """Blocker 9: the eval-time assertion checks the CMake TE really gets (nixpkgs' cmake_4 where
+    the default is 3.x), and that CMake comes first on its PATH."""
+    got = nix_eval(
+        'let old = final: prev: { cmake = prev.cmake // { version = "3.31.6"; };'
+        '   cmake_4 = prev.cmake // { version = "4.0.3"; name = "cmake-4.0.3"; }; };'
+        ' pkgs = import ./tests/nix/fake-nixpkgs { system = "aarch64-linux"; overlays = [ old'
+        "   (import ./nix/overlay.nix { gb10 = import ./nix/gb10.nix; src = ./.; }) ]; };"
+        " in (builtins.head pkgs.python313.pkgs.transformer-engine.nativeBuildInputs).version"
+    )
+    assert got == "4.0.3"
+    failed = nix_eval.run(
+        ["--readonly-mode", "--eval", "--strict", "-E",
+         "let old = final: prev: { cmake = prev.cmake // { version = \"3.31.6\"; }; };"
+         ' pkgs = import ./tests/nix/fake-nixpkgs { system = "aarch64-linux"; overlays = [ old'
+         "   (import ./nix/overlay.nix { gb10 = import ./nix/gb10.nix; src = ./.; }) ]; };"
+         " in pkgs.python313.pkgs.transformer-engine.env.NVTE_CUDA_ARCHS"],
+        check=False,
+    )  # fmt: skip
+    assert (
+        failed.returncode != 0
+        and "needs CMake >= 4.0" in failed.stderr
+        and "pin a newer nixpkgs" in failed.stderr
+    )
