@@ -100,6 +100,15 @@
         {
           default = app;
           slime-gb10 = app;
+          # The one command a GB10 owner runs once: every GB10-only claim checked, one Markdown
+          # report (slime-gb10-verify.md) to paste into an issue; exit 1 on any failure.
+          verify = {
+            type = "app";
+            program = "${pkgs.writeShellScript "slime-gb10-verify" ''
+              exec ${lib.getExe pkgs.slime-gb10-env} verify --repo ${self} "$@"
+            ''}";
+            meta.description = "slime-gb10 verify: doctor, sm_121a compiles, GPU tests, GRPO steps, benchmarks -> one report";
+          };
         }
       );
 

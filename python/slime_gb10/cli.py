@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, str] = {
     "eval": "slime_gb10.grpo.cli:eval_command",
     "plot": "slime_gb10.grpo.cli:plot_command",
     "bench": "slime_gb10.bench:bench_group",
+    "verify": "slime_gb10.platform.verify:verify_command",
 }
 
 HELP = {
@@ -28,6 +29,7 @@ HELP = {
     "eval": "pass@1 (greedy) and pass@k of a model on a held-out split.",
     "plot": "Draw the curves of a training run's metrics.jsonl as PNG.",
     "bench": "Benchmarks that measure the device's ceilings and report ratios.",
+    "verify": "Check a GPU machine end to end (GB10 blockers, GPU tests, GRPO steps) into one report.",
 }
 
 

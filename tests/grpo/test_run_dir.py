@@ -174,3 +174,21 @@ def test_a_reward_failing_on_every_sample_stops_the_run(tmp_path, tiny_dir, monk
     assert steps_of(tmp_path / "a") == [1, 2]  # the third all-failed step stops before its update
     result = tiny_run(tiny_dir, tmp_path / "b", "--reward", "exploding")
     assert_clean_error(result, "reward exploding returned 1e+39")
+
+
+def test_a_missing_column_names_the_flags_that_exist(tmp_path, tiny_dir):
+    path = tmp_path / "data.jsonl"
+    path.write_text('{"text": "What is 1 + 1?", "label": "2"}\n')
+    result = invoke("train", "--model", str(tiny_dir), "--output", str(tmp_path / "r"), "--data", str(path))
+    assert_clean_error(result, "--set data.prompt_key=COLUMN")
+    assert "--prompt-key" not in result.output
+
+
+def test_each_eval_is_logged_as_it_comes(tmp_path, tiny_dir, caplog):
+    with caplog.at_level("INFO", logger="slime_gb10.grpo.trainer"):
+        result = tiny_run(tiny_dir, tmp_path / "r", "--eval-every", "1", "--set", "data.eval_size=2",
+                          "--set", "eval.num_prompts=2")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    logged = [r.getMessage() for r in caplog.records if " eval: " in r.getMessage()]
+    assert [m.split(" eval:")[0] for m in logged] == ["step 0", "step 1", "step 2"]
+    assert "pass@1" in logged[-1] and "held-out pass@1 (greedy, 2 prompts): step 0" in result.output

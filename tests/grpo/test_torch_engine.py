@@ -214,3 +214,17 @@ def test_a_bad_weight_stream_overwrites_no_parameter(tiny_dir, tokenizer, mutate
     with pytest.raises(WeightSyncError, match=message):
         engine.update_weights(stream)
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
+def test_generation_emits_no_deprecation_warning(tiny_dir, tokenizer):
+    """transformers >= 5.2x renamed the forward's ``past_key_values`` to ``cache`` and warns on every
+    call with the old name (a FutureWarning on every run of `slime-gb10 train`)."""
+    import warnings
+
+    model = load_causal_lm(str(tiny_dir))
+    engine = TorchRolloutEngine(
+        model, tokenizer, "cpu", eos_token_ids=eos_token_ids(tokenizer, model), decode="dynamic"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        engine.generate(_prompts(tokenizer), SamplingParams(max_new_tokens=3, temperature=0.0))

@@ -59,7 +59,7 @@ def test_every_output_evaluates(nix_eval, flake_expr, system):
             "transformer-engine",
         ]
     )
-    assert names["apps"] == ["default", "slime-gb10"]
+    assert names["apps"] == ["default", "slime-gb10", "verify"]
     assert names["devShells"] == ["default"]
     # CPU checks only: `nix flake check` must pass on a machine without the `cuda` feature
     assert names["checks"] == sorted(
@@ -82,6 +82,8 @@ def test_apps_run_the_wrapped_cli(nix_eval, flake_expr, system):
     app = flake_attr(nix_eval, flake_expr, f"apps.{system}.slime-gb10")
     assert app["type"] == "app"
     assert app["program"].endswith("/bin/slime-gb10")
+    verify = nix_eval(f"({flake_expr}.apps.{system}.verify.program)")
+    assert verify.endswith("slime-gb10-verify")  # `slime-gb10 verify --repo <the flake's source>`
 
 
 @pytest.mark.parametrize(

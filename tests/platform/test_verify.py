@@ -1,0 +1,97 @@
+"""`slime-gb10 verify`: every step is time-limited, nothing that could not run counts as a pass, each
+blocker is decided by what observes it, and the report is one Markdown file (run for real on this
+CPU machine: the GPU steps skip, saying why)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from slime_gb10.platform import verify
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_hanging_step_is_killed_at_its_limit_with_its_children():
+    step = verify.Step("hang", "a tool that hangs", ("sh", "-c", "sleep 100 & echo $!; sleep 100"), 1.0)
+    start = time.monotonic()
+    result = verify.run_step(step, dict(os.environ), have_gpu=False)
+    assert result.status == "timeout" and time.monotonic() - start < 10
+    child = int(result.output.split()[0])
+    assert (
+        not Path(f"/proc/{child}").exists()
+        or "Z" in Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1][:3]
+    )
+
+
+def test_pytest_steps_that_ran_nothing_are_skips_not_passes(tmp_path):
+    (tmp_path / "test_x.py").write_text(
+        "import pytest\n@pytest.mark.skip(reason='no Blackwell')\ndef test_a():\n    pass\n"
+        "def test_b():\n    assert False\n"
+    )
+    base = (sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_x.py"))
+    skipped = verify.run_step(
+        verify.Step("s", "s", (*base, "-k", "test_a"), 120, kind="pytest"), dict(os.environ), True
+    )
+    assert skipped.status == "skip" and "1 skipped" in skipped.detail
+    failed = verify.run_step(
+        verify.Step("f", "f", (*base, "-k", "test_b"), 120, kind="pytest"), dict(os.environ), True
+    )
+    assert failed.status == "fail" and "1 failed" in failed.detail
+    gpu = verify.Step("g", "g", base, 120, kind="pytest", needs_gpu=True)
+    assert verify.run_step(gpu, dict(os.environ), have_gpu=False).status == "skip"
+
+
+def test_blockers_follow_the_steps_and_doctor_checks_that_observe_them():
+    doctor = verify.StepResult("doctor", "doctor", "fail", 1.0, "", data={"checks": [
+        {"name": "triton_ptxas", "status": "ok"}, {"name": "triton_jit", "status": "skip"},
+        {"name": "sgl_kernel", "status": "fail"}, {"name": "antlr4_omegaconf", "status": "warn"},
+    ]})  # fmt: skip
+    results = [
+        doctor,
+        verify.StepResult("triton-aot", "t", "pass", 1.0, ""),
+        verify.StepResult("gpu-sgl-kernel", "s", "skip", 0.0, ""),
+        verify.StepResult("cli-help", "c", "timeout", 60.0, ""),
+    ]
+    verdicts = verify.blocker_verdicts(results)
+    assert set(verdicts) == set(range(1, 16))
+    assert verdicts[1][0] == "pass"  # aot pass + doctor ok; the skipped JIT check does not fail it
+    assert verdicts[2][0] == verdicts[3][0] == verdicts[4][0] == verdicts[5][0] == "fail"  # doctor sgl_kernel
+    assert verdicts[11][0] == "fail"  # a timed-out --help is a failure
+    assert verdicts[13][0] == "pass" and verdicts[15] == ("skip", "not observed")
+
+
+def test_the_report_of_a_run_on_this_cpu_machine(tmp_path, capsys):
+    out = tmp_path / "report.md"
+    rc = verify.main(["--repo", str(ROOT), "--out", str(out), "--only", "cli-help", "--only", "gpu-te-nvfp4",
+                      "--only", "grpo-torch-torch"])  # fmt: skip
+    text = out.read_text()
+    assert rc == 0, text
+    assert "| `cli-help` |" in text and "**pass**" in text
+    assert "| `gpu-te-nvfp4` |" in text and "no CUDA GPU visible" in text
+    rows = [
+        line for line in text.splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()
+    ]
+    assert len(rows) == 15
+    assert "| 11 | --help crash | **pass** |" in text
+    for fact in (
+        "date",
+        "system",
+        "nix",
+        "nix system-features",
+        "GPU, driver, capability",
+        "python packages",
+    ):
+        assert f"- **{fact}**:" in text
+    assert text.rstrip().splitlines()[-1].startswith("**PASS**")
+    assert "report written to" in capsys.readouterr().err
+
+
+def test_an_unknown_step_is_a_usage_error(tmp_path):
+    import pytest
+
+    with pytest.raises(SystemExit) as info:
+        verify.main(["--only", "nosuch", "--out", str(tmp_path / "r.md")])
+    assert info.value.code == 2
