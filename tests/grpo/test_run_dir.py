@@ -125,17 +125,24 @@ def test_eval_flags_out_of_range_are_clean_errors(tiny_dir):
         assert key in result.output and "Traceback" not in result.output
 
 
-def test_resume_problems_are_clean_errors(tmp_path, tiny_dir):
+def test_resume_problems_are_clean_errors(tmp_path, tiny_dir, monkeypatch):
+    from slime_gb10.grpo import rewards
+
+    # a reward a random-init model's samples differ on (arithmetic would score them all 0: no update)
+    monkeypatch.setitem(rewards.REWARDS, "parity", lambda completion, truth: float(len(completion) % 2))
     run = tmp_path / "run"
-    assert tiny_run(tiny_dir, run).exit_code == 0
+    assert tiny_run(tiny_dir, run, "--reward", "parity").exit_code == 0
     # a different seed does not fit the data position saved in the checkpoint
     result = invoke("train", "--resume", str(run), "--steps", "3", "--seed", "5", "--no-progress")
     assert_clean_error(result, "does not fit this run", "seed")
-    # a checkpoint directory is a valid --resume target
+    # a checkpoint directory is a valid --resume target; what came after it is discarded and
+    # written anew (here with another sampling temperature: a different step 2)
+    before = (run / "checkpoints" / "step-000002" / "policy.pt").read_bytes()
     result = invoke("train", "--resume", str(run / "checkpoints" / "step-000001"), "--steps", "2",
-                    "--no-progress")  # fmt: skip
+                    "--temperature", "0.3", "--no-progress")  # fmt: skip
     assert result.exit_code == 0, result.output
     assert steps_of(run) == [1, 2]
+    assert (run / "checkpoints" / "step-000002" / "policy.pt").read_bytes() != before
 
 
 class _RunsCode:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import shutil
 import signal
 import threading
 import time
@@ -237,8 +238,14 @@ class GRPOTrainer:
                 ) from exc
             del policy_state
             self.step = int(trainer_state["step"])
+            # Resuming at step N discards what came after it: metrics, samples and any newer
+            # checkpoint (a save of step N + k must never find the discarded one in its place).
             truncate_after(self.run_dir / METRICS_FILE, self.step)
             truncate_after(self.run_dir / SAMPLES_FILE, self.step)
+            for later_step, later in ckpt.list_checkpoints(self.run_dir):
+                if later_step > self.step:
+                    log.warning("removing checkpoint %s: the run resumes from step %d", later, self.step)
+                    shutil.rmtree(later)
             self._last_checkpoint = path
             log.info("resumed from %s (step %d)", path, self.step)
         atomic_write_text(self.run_dir / "config.yaml", cfg.to_yaml())

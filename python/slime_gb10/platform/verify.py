@@ -265,7 +265,12 @@ def run_step(step: Step, env: dict[str, str], have_gpu: bool) -> StepResult:
             )
         fails = [c["name"] for c in data.get("checks", []) if c.get("status") == "fail"]
         status = "fail" if fails else "pass"
-        detail = data.get("summary", "") + (f"; failing: {', '.join(fails)}" if fails else "")
+        counts: dict[str, int] = {}
+        for check in data.get("checks", []):
+            counts[check.get("status", "?")] = counts.get(check.get("status", "?"), 0) + 1
+        detail = ", ".join(f"{n} {k}" for k, n in counts.items()) + (
+            f"; failing: {', '.join(fails)}" if fails else ""
+        )
         return StepResult(step.name, step.title, status, seconds, detail, "", data)
     status = "pass" if done.returncode == 0 else "fail"
     lines = [x for x in output.splitlines() if x.strip()]
