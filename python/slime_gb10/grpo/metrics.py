@@ -131,3 +131,17 @@ class RunLogger:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+def eval_summary(row: dict) -> str:
+    """``pass@1 0.406, pass@4 0.781, response_len_mean 36.2`` from a row's ``eval/`` keys."""
+    shown = {
+        k.removeprefix("eval/"): v
+        for k, v in row.items()
+        if k.startswith("eval/") and k != "eval/num_prompts"
+    }
+    n = row.get("eval/num_prompts")
+    where = f" on {int(n)} held-out prompts" if n else ""
+    return (
+        ", ".join(f"{k} {v:.3g}" for k, v in shown.items()) + where + f" ({row.get('eval_time_s', 0):.0f} s)"
+    )

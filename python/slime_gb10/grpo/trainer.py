@@ -26,13 +26,14 @@ import shutil
 import signal
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from slime_gb10.grpo.batching import Sample, collate, split_microbatches
 from slime_gb10.grpo.config import GRPOConfig
-from slime_gb10.grpo.interfaces import Generation, SamplingParams, TokenBatch
+from slime_gb10.grpo.interfaces import Generation, SamplingParams
+from slime_gb10.grpo.metrics import eval_summary
 
 log = logging.getLogger(__name__)
 
@@ -90,53 +91,6 @@ def finish_step_before_interrupt():
 
 class DataError(ValueError):
     """The prompts cannot be used (empty, too long...)."""
-
-
-# ---------------------------------------------------------------------------------- batching
-@dataclass
-class Sample:
-    """One completion ready for training."""
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    rollout_logprobs: list[float]
-    advantage: float
-    reward: float
-    truncated: bool
-    train: bool = True  # False: masked out (overlong filtering)
-
-    @property
-    def length(self) -> int:
-        return len(self.prompt_ids) + len(self.completion_ids)
-
-
-def collate(samples: list[Sample], pad_token_id: int) -> tuple[TokenBatch, dict[str, torch.Tensor]]:
-    """Right-padded :class:`TokenBatch` + per-sequence advantages and per-token rollout logprobs."""
-    width = max(s.length for s in samples)
-    batch = len(samples)
-    input_ids = torch.full((batch, width), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((batch, width), dtype=torch.long)
-    completion_mask = torch.zeros((batch, width), dtype=torch.float32)
-    rollout_logprobs = torch.zeros((batch, width), dtype=torch.float32)
-    for row, s in enumerate(samples):
-        p, c = len(s.prompt_ids), len(s.completion_ids)
-        input_ids[row, : p + c] = torch.tensor(s.prompt_ids + s.completion_ids, dtype=torch.long)
-        attention_mask[row, : p + c] = 1
-        if s.train and c:
-            completion_mask[row, p : p + c] = 1.0
-        if c:
-            rollout_logprobs[row, p : p + c] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
-    extras = {
-        "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32),
-        "rollout_logprobs": rollout_logprobs,
-    }
-    return TokenBatch(input_ids, attention_mask, completion_mask), extras
-
-
-def split_microbatches(samples: list[Sample], micro_batch_size: int) -> list[list[Sample]]:
-    """Sort by length (less padding) and cut into microbatches of at most ``micro_batch_size``."""
-    ordered = sorted(samples, key=lambda s: s.length)
-    return [ordered[i : i + micro_batch_size] for i in range(0, len(ordered), micro_batch_size)]
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -396,7 +350,7 @@ class GRPOTrainer:
             row = {"step": 0, **{f"eval/{k}": v for k, v in self.run_eval().items()}}
             row["eval_time_s"] = time.perf_counter() - start
             self.logger.log_step(row)
-            log.info("step 0 eval: %s", _eval_summary(row))
+            log.info("step 0 eval: %s", eval_summary(row))
         try:
             while self.step < cfg.train.steps:
                 try:
@@ -562,7 +516,7 @@ class GRPOTrainer:
                 for key, value in self.run_eval().items():
                     row[f"eval/{key}"] = value
                 row["eval_time_s"] = time.perf_counter() - t2
-                log.info("step %d eval: %s", step, _eval_summary(row))
+                log.info("step %d eval: %s", step, eval_summary(row))
 
             self.logger.log_step(row)
             if cfg.output.samples_per_step:
@@ -724,20 +678,6 @@ def train(config: GRPOConfig, resume: bool = False) -> list[dict]:
         return trainer.train()
     finally:
         trainer.close()
-
-
-def _eval_summary(row: dict) -> str:
-    """``pass@1 0.406, pass@4 0.781, response_len_mean 36.2`` from a row's ``eval/`` keys."""
-    shown = {
-        k.removeprefix("eval/"): v
-        for k, v in row.items()
-        if k.startswith("eval/") and k != "eval/num_prompts"
-    }
-    n = row.get("eval/num_prompts")
-    where = f" on {int(n)} held-out prompts" if n else ""
-    return (
-        ", ".join(f"{k} {v:.3g}" for k, v in shown.items()) + where + f" ({row.get('eval_time_s', 0):.0f} s)"
-    )
 
 
 def _has_reference_model(backend) -> bool:
