@@ -35,13 +35,14 @@
         "x86_64-linux" # Hopper / Blackwell servers
       ];
 
-      pkgsFor =
+      pkgsWith =
+        { cached }:
         system:
         let
           pkgs = import nixpkgs {
             inherit system;
             config = gb10.nixpkgsConfigFor {
-              inherit system;
+              inherit system cached;
               inherit (lib) getName;
               # nixpkgs' license-based CUDA predicate where this revision has it (evaluated only
               # when a package's licence is checked, so referring to `pkgs` here is not a cycle).
@@ -51,6 +52,9 @@
           };
         in
         pkgs;
+      pkgsFor = pkgsWith { cached = false; };
+      # capability 12.0 for all but sgl-kernel and TE (nix/gb10.nix cachedCudaCapabilities)
+      pkgsCachedFor = pkgsWith { cached = true; };
 
       forAllSystems = f: lib.genAttrs systems (system: f (pkgsFor system));
     in
@@ -75,6 +79,8 @@
           default = pkgs.slime-gb10-env;
           slime-gb10 = pkgs.slime-gb10-env;
           slime-gb10-core = pkgs.slime-gb10-core;
+          # a faster first build where a public cache has the capability-12.0 derivations
+          slime-gb10-cached = (pkgsCachedFor pkgs.stdenv.hostPlatform.system).slime-gb10-env;
           python = pkgs.slime-gb10-env.python;
           transformer-engine = py.transformer-engine;
           megatron-core = py.megatron-core;

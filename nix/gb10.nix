@@ -140,6 +140,13 @@ rec {
 
   profileFor = system: if system == "aarch64-linux" then profiles.gb10 else profiles.server;
 
+  # packages.aarch64-linux.slime-gb10-cached: the same GB10 builds of sgl-kernel (120a/121a) and
+  # TransformerEngine (120f/121f), but everything else compiled for capability 12.0 (sm_120 code
+  # runs on sm_121), which is what graham33/nixos-dgx-spark's flake builds at this nixpkgs revision.
+  # Only a derivation identical to one in a binary cache is substituted: `nix build
+  # .#slime-gb10-cached --dry-run` lists what would be fetched and what built (nix/README.md).
+  cachedCudaCapabilities = [ "12.0" ];
+
   # ---- nixpkgs config ------------------------------------------------------------------------
   # Unfree packages we accept: the CUDA redistributables and NVIDIA's own libraries, by name.
   # Everything else stays under nixpkgs' default (unfree refused).
@@ -178,10 +185,16 @@ rec {
       system,
       getName,
       cudaPredicate ? null,
+      # true: cachedCudaCapabilities on aarch64-linux (the servers' profile already builds 12.0)
+      cached ? false,
     }:
     {
       cudaSupport = true;
-      cudaCapabilities = (profileFor system).cudaCapabilities;
+      cudaCapabilities =
+        if cached && system == "aarch64-linux" then
+          cachedCudaCapabilities
+        else
+          (profileFor system).cudaCapabilities;
       # Keep PTX for the newest capability so a later driver can JIT it for newer GPUs.
       cudaForwardCompat = true;
       allowUnfreePredicate =

@@ -19,6 +19,7 @@
 #     that program's LD_LIBRARY_PATH.
 {
   lib,
+  config,
   stdenv,
   python3,
   cudaPackages,
@@ -176,6 +177,8 @@ symlinkJoin {
       launch
       variant
       ;
+    # what nixpkgs compiled device code for (`nix eval .#slime-gb10.cudaCapabilities`)
+    cudaCapabilities = config.cudaCapabilities or [ ];
     inherit (python3.pkgs) slime-gb10;
   };
 

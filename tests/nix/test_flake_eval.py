@@ -55,6 +55,7 @@ def test_every_output_evaluates(nix_eval, flake_expr, system):
             "python",
             "sglang-kernel",
             "slime-gb10",
+            "slime-gb10-cached",
             "slime-gb10-core",
             "transformer-engine",
         ]
@@ -384,3 +385,22 @@ def test_transformer_engine_takes_cmake_4_where_the_default_cmake_is_3(nix_eval)
         and "needs CMake >= 4.0" in failed.stderr
         and "pin a newer nixpkgs" in failed.stderr
     )
+
+
+@pytest.mark.parametrize(
+    ("system", "cached"), [("aarch64-linux", ["12.0"]), ("x86_64-linux", ["9.0", "10.0", "12.0"])]
+)
+def test_the_cached_variant_builds_capability_12_0_but_keeps_the_gb10_kernels(
+    nix_eval, flake_expr, system, cached
+):
+    """slime-gb10-cached: nixpkgs compiles for 12.0 (what a public cache may hold at this pin);
+    sgl-kernel and TransformerEngine keep their arch-specific / family targets."""
+    got = nix_eval(
+        f"let p = {flake_expr}.packages.{system}; in {{"
+        "  normal = p.slime-gb10.cudaCapabilities; cached = p.slime-gb10-cached.cudaCapabilities;"
+        '  te = map (x: x.env.NVTE_CUDA_ARCHS) (builtins.filter (x: (x.pname or "") == "transformer-engine")'
+        "    p.slime-gb10-cached.python.packages); }"
+    )
+    assert got["cached"] == cached
+    assert got["normal"] == (["12.1"] if system == "aarch64-linux" else cached)
+    assert got["te"] == (["120f;121f"] if system == "aarch64-linux" else ["90;100f;120f"])

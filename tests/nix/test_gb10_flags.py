@@ -178,3 +178,12 @@ def test_nixpkgs_config_prefers_nixpkgs_cuda_licence_predicate(nix_eval):
         '    fallbackOther = c null { pname = "unrar"; license = "nvidia"; }; }'
     )
     assert got == {"licensed": True, "namedOnly": False, "fallback": True, "fallbackOther": False}
+
+
+def test_nixpkgs_config_cached_variant(nix_eval):
+    got = nix_eval(
+        f"let c = sys: cached: ({G}.nixpkgsConfigFor {{ system = sys; getName = p: p.pname; inherit cached; }})"
+        "  .cudaCapabilities; in"
+        ' { arm = c "aarch64-linux" true; armDefault = c "aarch64-linux" false; x86 = c "x86_64-linux" true; }'
+    )
+    assert got == {"arm": ["12.0"], "armDefault": ["12.1"], "x86": ["9.0", "10.0", "12.0"]}
