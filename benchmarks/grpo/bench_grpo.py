@@ -227,6 +227,8 @@ def main() -> None:
             f"{matched_median:.2f}x, total of steps 1-{n} {matched_total:.2f}x (target >= 2x)"
         )
     (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    if not ours:  # the table above says why; a benchmark whose own half failed is not a success
+        sys.exit("our GRPO run failed (OUR RUN FAILED above)")
 
 
 if __name__ == "__main__":
