@@ -19,13 +19,12 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shutil
 import sys
 import tempfile
 from importlib import resources
 from pathlib import Path
 
-from slime_gb10.platform import subproc
+from slime_gb10.platform import binaries, subproc
 
 CUDA_SOURCE = "headers_sm121a.cu"  # runtime, CCCL, cuBLAS, cuRAND, FP16/BF16: a complete CUDA_HOME
 RUNTIME_SOURCE = "runtime_sm121a.cu"  # runtime, CCCL, BF16: what a bare toolkit has
@@ -108,15 +107,10 @@ def cubin_sm(cubin: bytes, cuobjdump: str | os.PathLike) -> str:
 
 
 def find_cuobjdump(cuda_home: str | os.PathLike | None = None) -> str | None:
-    """``CUDA_HOME/bin/cuobjdump``, else one on PATH, else the one Triton bundles."""
-    from slime_gb10.platform.ptxas import triton_dir
-
-    candidates = [Path(cuda_home) / "bin" / "cuobjdump"] if cuda_home else []
-    found = shutil.which("cuobjdump")
-    candidates += [Path(found)] if found else []
-    triton = triton_dir()
-    candidates += [triton / "backends" / "nvidia" / "bin" / "cuobjdump"] if triton else []
-    return next((str(p) for p in candidates if p.is_file()), None)
+    """``<cuda_home>/bin/cuobjdump`` when given, else the doctor's search (PATH, CUDA_HOME, Triton's copy)."""
+    if cuda_home is not None and (Path(cuda_home) / "bin" / "cuobjdump").is_file():
+        return str(Path(cuda_home) / "bin" / "cuobjdump")
+    return binaries.find_cuobjdump()
 
 
 def main(argv: list[str] | None = None) -> int:
