@@ -92,6 +92,11 @@
         // lib.optionalAttrs pkgs.slime-gb10-has-sglang {
           sglang-kernel = py.sglang-kernel;
         }
+        # the full environment by name, also where it is not the default (SGLang's dependencies
+        # partly missing at the pin: built without them, with a warning); absent where it cannot work
+        // lib.optionalAttrs (pkgs.slime-gb10-sglang.fatal == [ ]) {
+          slime-gb10-full = pkgs.slime-gb10-full;
+        }
       );
 
       apps = forAllSystems (

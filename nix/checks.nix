@@ -17,7 +17,7 @@
   ruff,
   slime-gb10-env,
   slime-gb10-python,
-  slime-gb10-has-sglang,
+  slime-gb10-sglang,
   src,
 }:
 let
@@ -60,8 +60,8 @@ in
 
 }
 # The patch applies to the exact source the flake builds (after nixpkgs' own patches); only where
-# the pinned nixpkgs has sglang-kernel.
-// lib.optionalAttrs slime-gb10-has-sglang {
+# the pinned nixpkgs has sglang-kernel (else the environment takes upstream's wheel: no source).
+// lib.optionalAttrs slime-gb10-sglang.kernelFromSource {
   cpu-sgl-kernel-patch = stdenvNoCC.mkDerivation {
     name = "slime-gb10-cpu-sgl-kernel-patch";
     inherit (slime-gb10-python.pkgs.sglang-kernel) src patches sourceRoot;

@@ -83,21 +83,46 @@ fixes.topLevel
   };
   slime-gb10-full = final.callPackage ./packages/slime-gb10-env.nix {
     inherit gb10;
+    sglang = final.slime-gb10-sglang;
     python3 = final.slime-gb10-python;
     variant = "full";
   };
-  # THE environment (packages.default, the apps, the devShell, the checks): the full one where the
-  # pinned nixpkgs has sglang and sglang-kernel (PR #525141), else the core one, with a warning at
-  # evaluation, so that `nix flake check`, `nix develop` and `nix build` work on either revision.
-  slime-gb10-has-sglang =
-    final.slime-gb10-python.pkgs ? sglang && final.slime-gb10-python.pkgs ? sglang-kernel;
+  # Where SGLang comes from at this pin and what does not fit: nixpkgs' packages (PR #525141), or
+  # upstream's wheels where the pin lacks them (nix/python-overlay.nix), whose
+  # passthru.gb10Fallback names what this pin cannot give them.
+  slime-gb10-sglang =
+    let
+      ps = final.slime-gb10-python.pkgs;
+      fallbacks = lib.filter (p: p ? gb10Fallback) [
+        ps.sglang
+        ps.sglang-kernel
+      ];
+      missing = lib.concatMap (p: p.gb10Fallback.missing) fallbacks;
+    in
+    {
+      source = if fallbacks == [ ] then "nixpkgs" else "PyPI wheels (this nixpkgs lacks sglang)";
+      # nixpkgs' source build, which our GB10 patch applies to (checks.cpu-sgl-kernel-patch)
+      kernelFromSource = !(ps.sglang-kernel ? gb10Fallback);
+      fatal = lib.concatMap (p: p.gb10Fallback.fatal) fallbacks;
+      inherit missing;
+      problems =
+        final.slime-gb10-sglang.fatal
+        ++ lib.optional (missing != [ ]) (
+          "this nixpkgs has no python3Packages." + lib.concatStringsSep ", " missing + " (sglang needs them)"
+        );
+    };
+  # THE environment (packages.default, the apps, the devShell, the checks): the full one where SGLang
+  # fits this pin (from nixpkgs, or the wheels with everything they need), else the core one, with a
+  # warning at evaluation, so that `nix flake check`, `nix develop` and `nix build` work on either.
+  slime-gb10-has-sglang = final.slime-gb10-sglang.problems == [ ];
   slime-gb10-env =
     if final.slime-gb10-has-sglang then
       final.slime-gb10-full
     else
       lib.warn (
-        "slime-gb10: this nixpkgs revision has no python3Packages.sglang / sglang-kernel; "
-        + "the environment is slime-gb10-core (PyTorch rollouts, PyTorch and Megatron-core "
+        "slime-gb10: SGLang does not fit this nixpkgs revision ("
+        + lib.concatStringsSep "; " final.slime-gb10-sglang.problems
+        + "); the environment is slime-gb10-core (PyTorch rollouts, PyTorch and Megatron-core "
         + "training, no SGLang, no TransformerEngine)"
       ) final.slime-gb10-core;
 }

@@ -1,6 +1,7 @@
 # Python package-set extension (pkgs.pythonPackagesExtensions): the GB10 builds.
 #
-#   sglang-kernel      patches/sgl-kernel-gb10-only.patch + SGL_KERNEL_GB10_ONLY, capped parallelism
+#   sglang-kernel      patches/sgl-kernel-gb10-only.patch + SGL_KERNEL_GB10_ONLY, capped parallelism;
+#                      upstream's wheel where the pin has none (and sglang's, where it has no sglang)
 #   transformer-engine NVTE_CUDA_ARCHS family targets, CMake >= 4, NVTX3 + cuda_profiler_api headers,
 #                      full cuDNN checked for the precompiled engines, PyTorch only
 #   megatron-core      not in nixpkgs: from its PyPI sdist
@@ -22,12 +23,22 @@ let
   overrideKnown = drv: args: drv.override (lib.intersectAttrs (lib.functionArgs drv.override) args);
 in
 # sglang and sglang-kernel entered nixpkgs through PR #525141 (open in mid-2026): a pinned revision
-# may lack them. Then there is no sglang-kernel here to override, and the full environment says so
-# at evaluation (nix/packages/slime-gb10-env.nix); the core environment never refers to either.
-lib.optionalAttrs (pyPrev ? sglang-kernel) {
-  sglang-kernel = pyPrev.sglang-kernel.overridePythonAttrs (
-    import ./packages/sglang-kernel-gb10.nix { inherit lib gb10 profile; }
-  );
+# may lack them. Where it has them: nixpkgs' source builds, sglang-kernel with our GB10 patch.
+# Where not: upstream's wheels (nix/packages/sglang{,-kernel}-wheel.nix, each says what was
+# checked in it); whether those fit this pin (torch series, Python, sglang's dependencies) is in
+# their passthru.gb10Fallback, which nix/overlay.nix reads to choose the environment.
+(
+  if pyPrev ? sglang-kernel then
+    {
+      sglang-kernel = pyPrev.sglang-kernel.overridePythonAttrs (
+        import ./packages/sglang-kernel-gb10.nix { inherit lib gb10 profile; }
+      );
+    }
+  else
+    { sglang-kernel = pyFinal.callPackage ./packages/sglang-kernel-wheel.nix { }; }
+)
+// lib.optionalAttrs (!(pyPrev ? sglang)) {
+  sglang = pyFinal.callPackage ./packages/sglang-wheel.nix { pythonPackages = pyFinal; };
 }
 // {
 

@@ -29,15 +29,36 @@
   nixglhost ? null,
   gb10,
   variant ? "full",
+  # where SGLang comes from and what does not fit this pin (nix/overlay.nix slime-gb10-sglang)
+  sglang ? {
+    source = "nixpkgs";
+    fatal = [ ];
+    missing = [ ];
+  },
 }:
 assert lib.assertOneOf "slime-gb10-env variant" variant [
   "core"
   "full"
 ];
+# The full environment asked for by name: refused where SGLang cannot work at this pin (e.g. the
+# sglang-kernel wheel's torch series); built without the dependencies the pin lacks, with a warning.
+assert
+  variant == "full" && sglang.fatal != [ ]
+  -> throw (
+    "slime-gb10: the full environment (.#slime-gb10-full) cannot use SGLang here: "
+    + lib.concatStringsSep "; " sglang.fatal
+    + ". Build .#slime-gb10-core (PyTorch rollouts, PyTorch and Megatron-core training), or pin a "
+    + "nixpkgs revision with python3Packages.sglang"
+  );
 let
+  warnMissing = lib.warnIf (variant == "full" && sglang.missing != [ ]) (
+    "slime-gb10: sglang (${sglang.source}) is installed without "
+    + lib.concatStringsSep ", " sglang.missing
+    + ", which this nixpkgs lacks; `slime-gb10 verify` shows whether the SGLang engine runs"
+  );
   system = stdenv.hostPlatform.system;
 
-  python = python3.withPackages (
+  python = warnMissing python3.withPackages (
     ps:
     [
       ps.slime-gb10

@@ -1,9 +1,17 @@
 # Evaluate flake.nix's outputs with the fake nixpkgs and a fake nix-gl-host (tests/nix).
 # `withSglang = false`: a nixpkgs revision without python3Packages.sglang / sglang-kernel;
-# `withCudaPredicate = false`: one without _cuda.lib.allowUnfreeCudaPredicate (one switch at a time).
+# `withCudaPredicate = false`: one without _cuda.lib.allowUnfreeCudaPredicate (one switch at a time);
+# `variant`: any file of fake-nixpkgs/ by name (e.g. "sglang-from-wheels").
 {
   withSglang ? true,
   withCudaPredicate ? true,
+  variant ?
+    if !withSglang then
+      "without-sglang"
+    else if !withCudaPredicate then
+      "without-cuda-predicate"
+    else
+      "default",
 }:
 let
   root = ../..;
@@ -12,13 +20,7 @@ let
   lib = if libPath == "" then import ./stub-lib.nix else import libPath;
   # `import nixpkgs { ... }` in flake.nix imports outPath: the fake, or a variant of it.
   nixpkgs = {
-    outPath =
-      if !withSglang then
-        ./fake-nixpkgs/without-sglang.nix
-      else if !withCudaPredicate then
-        ./fake-nixpkgs/without-cuda-predicate.nix
-      else
-        ./fake-nixpkgs;
+    outPath = ./fake-nixpkgs + "/${variant}.nix";
     inherit lib;
   };
   nix-gl-host = {

@@ -15,11 +15,21 @@ in
 rec {
   inherit setFunctionArgs functionArgs getOutput getBin;
   inherit (b)
+    attrNames
     concatStringsSep
     concatMap
     filter
     intersectAttrs
+    replaceStrings
     ;
+  subtractLists = e: b.filter (x: !(b.elem x e));
+  versions.majorMinor =
+    v:
+    let
+      parts = b.splitVersion v;
+    in
+    "${b.elemAt parts 0}.${b.elemAt parts 1}";
+  warnIf = cond: msg: if cond then warn msg else x: x;
   optional = cond: x: if cond then [ x ] else [ ];
   optionals = cond: xs: if cond then xs else [ ];
   optionalString = cond: s: if cond then s else "";
@@ -76,6 +86,10 @@ rec {
         };
       in
       b.seq (b.all (n: b.isBool (pred (file n))) [ "a.py" "py.typed" "c.json" "d.txt" ]) path;
+  };
+  sourceTypes = {
+    fromSource = { isSource = true; };
+    binaryNativeCode = { isSource = false; };
   };
   licenses = {
     asl20 = { shortName = "asl20"; free = true; };

@@ -8,6 +8,7 @@ argument in our Nix code is an evaluation error here).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -57,6 +58,7 @@ def test_every_output_evaluates(nix_eval, flake_expr, system):
             "slime-gb10",
             "slime-gb10-cached",
             "slime-gb10-core",
+            "slime-gb10-full",
             "transformer-engine",
         ]
     )
@@ -243,33 +245,93 @@ def test_gpu_checks_are_a_package_not_checks(nix_eval, flake_expr, system):
 
 
 @pytest.mark.parametrize("system", SYSTEMS)
-def test_a_nixpkgs_without_sglang_still_evaluates(nix_eval, system):
-    """A pin from before nixpkgs PR #525141: every output evaluates; the environment is the core
-    one (no sglang, sgl-kernel or TE); asking for the full one directly names what is missing."""
-    flake = "(import ./tests/nix/eval-flake.nix { withSglang = false; })"
+@pytest.mark.parametrize("variant", ["without-sglang", "sglang-from-wheels", "sglang-wheels-torch-2-10"])
+def test_every_output_evaluates_whatever_the_pin_has_of_sglang(nix_eval, system, variant):
+    """A pin from before nixpkgs PR #525141 (with or without sglang's dependencies, with a torch the
+    sglang-kernel wheel fits or not): every output still evaluates."""
+    flake = f'(import ./tests/nix/eval-flake.nix {{ variant = "{variant}"; }})'
     names = nix_eval(
         f'let o = {flake}; s = "{system}"; in'
         " { packages = builtins.attrNames o.packages.${s}; checks = builtins.attrNames o.checks.${s}; }"
     )
-    assert "sglang-kernel" not in names["packages"] and "cpu-sgl-kernel-patch" not in names["checks"]
+    # nixpkgs' source build is what our GB10 patch applies to; a wheel has no source to patch
+    assert "cpu-sgl-kernel-patch" not in names["checks"]
     for kind, attrs in names.items():
         for attr in attrs:
             assert nix_eval(f"({FORCE}) {flake}.{kind}.{system}.{attr}") is True, (kind, attr)
-    got = nix_eval(
-        f"let p = {flake}.packages.{system}; in {{ default = p.default.name; core = p.slime-gb10-core.name;"
-        "  pkgs = map (p: p.pname or p.name) p.slime-gb10-core.python.packages; }"
-    )
-    assert got["default"] == got["core"] and got["core"].startswith("slime-gb10-core-")
-    assert not {"sglang", "sglang-kernel", "transformer-engine"} & set(got["pkgs"])
-    assert {"slime-gb10", "torch", "triton", "megatron-core", "pytest"} <= set(got["pkgs"])
-    full = nix_eval.run(
-        ["--readonly-mode", "--eval", "--strict", "-E",
-         f'let pkgs = import ./tests/nix/fake-nixpkgs/without-sglang.nix {{ system = "{system}"; overlays = ['
-         " (import ./nix/overlay.nix { gb10 = import ./nix/gb10.nix; src = ./.; }) ]; };"
-         " in map (p: p.pname or p.name) pkgs.slime-gb10-full.python.packages"],
+
+
+def _environment(nix_eval, system: str, variant: str, attr: str):
+    """(packages of pkgs.<attr>'s Python, evaluation stderr) with the fake nixpkgs `variant`."""
+    done = nix_eval.run(
+        ["--readonly-mode", "--eval", "--strict", "--json", "-E",
+         f'let pkgs = import ./tests/nix/fake-nixpkgs/{variant}.nix {{ system = "{system}"; overlays = ['
+         " (import ./nix/overlay.nix { gb10 = import ./nix/gb10.nix; src = ./.; }) ]; }; e = pkgs."
+         f"{attr}; in {{ name = e.name; pkgs = map (p: {{ n = p.pname or p.name; v = p.version or null;"
+         " src = p.src.name or null; hash = p.src.hash or null; }) e.python.packages; }"],
         check=False,
     )  # fmt: skip
-    assert full.returncode != 0 and "has no python3.13Packages.sglang" in full.stderr
+    got = json.loads(done.stdout) if done.returncode == 0 else None
+    return got, done.stderr
+
+
+@pytest.mark.parametrize("system", SYSTEMS)
+def test_without_sglang_or_its_dependencies_the_environment_is_the_core_one(nix_eval, system):
+    """Most likely at a pin without sglang: its dependencies (flashinfer, xgrammar, ...) are missing
+    too. The default is the core environment, with a warning naming them; the full one asked for
+    by name is built without them, with a warning."""
+    default, err = _environment(nix_eval, system, "without-sglang", "slime-gb10-env")
+    assert default["name"].startswith("slime-gb10-core-")
+    names = {p["n"] for p in default["pkgs"]}
+    assert not {"sglang", "sglang-kernel", "transformer-engine"} & names
+    assert {"slime-gb10", "torch", "triton", "megatron-core", "pytest"} <= names
+    assert "SGLang does not fit this nixpkgs revision" in err and "flashinfer" in err
+    full, err = _environment(nix_eval, system, "without-sglang", "slime-gb10-full")
+    assert {"sglang", "sglang-kernel", "transformer-engine"} <= {p["n"] for p in full["pkgs"]}
+    assert "is installed without" in err and "xgrammar" in err
+
+
+WHEELS = {
+    # sha256 of each file downloaded from PyPI, equal to PyPI's digest (nix/packages/*-wheel.nix)
+    "aarch64-linux": {
+        "sglang": ("sglang-0.5.12.post1-cp313-cp313-manylinux_2_34_aarch64.whl",
+                   "sha256-wL8HI4Qv7/+Y9/skNkCdU8GRhUMkLsKNKysdMCEsSNc="),
+        "sglang-kernel": ("sglang_kernel-0.4.2.post2-cp310-abi3-manylinux2014_aarch64.whl",
+                          "sha256-0bU1H2aUlew5tM94gSQoBRBc4uSQmyrn1UJKLUtjLmQ="),
+    },
+    "x86_64-linux": {
+        "sglang": ("sglang-0.5.12.post1-cp313-cp313-manylinux_2_34_x86_64.whl",
+                   "sha256-9U2o/Lw421LY3TUlW50J+NPH7b66tRC38noZ7leH55Q="),
+        "sglang-kernel": ("sglang_kernel-0.4.2.post2-cp310-abi3-manylinux2014_x86_64.whl",
+                          "sha256-8nXOAQEJM8TqZV6DKgVEK3ZquPI9z9b/Z4sV4pXUIgM="),
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("system", SYSTEMS)
+def test_without_sglang_but_with_its_dependencies_the_wheels_make_the_full_environment(nix_eval, system):
+    got, err = _environment(nix_eval, system, "sglang-from-wheels", "slime-gb10-env")
+    assert got["name"].startswith("slime-gb10-0") and "warning" not in err
+    pkgs = {p["n"]: p for p in got["pkgs"]}
+    for name, (wheel, sri) in WHEELS[system].items():
+        assert (pkgs[name]["src"], pkgs[name]["hash"]) == (wheel, sri)
+    deps = nix_eval(
+        f'let pkgs = import ./tests/nix/fake-nixpkgs/sglang-from-wheels.nix {{ system = "{system}"; overlays = ['
+        " (import ./nix/overlay.nix { gb10 = import ./nix/gb10.nix; src = ./.; }) ]; };"
+        " ps = pkgs.slime-gb10-python.pkgs; in { sglang = map (p: p.pname) ps.sglang.dependencies;"
+        "  kernel = map (p: p.pname) ps.sglang-kernel.dependencies; source = pkgs.slime-gb10-sglang.source; }"
+    )  # fmt: skip
+    assert {"sglang-kernel", "torch", "flashinfer", "xgrammar", "transformers"} <= set(deps["sglang"])
+    assert deps["kernel"] == ["torch"] and deps["source"].startswith("PyPI wheels")
+
+
+@pytest.mark.parametrize("system", SYSTEMS)
+def test_a_torch_the_kernel_wheel_was_not_built_for_refuses_the_full_environment(nix_eval, system):
+    default, err = _environment(nix_eval, system, "sglang-wheels-torch-2-10", "slime-gb10-env")
+    assert default["name"].startswith("slime-gb10-core-")
+    assert "built against torch 2.11" in err and "torch 2.10.1" in err
+    full, err = _environment(nix_eval, system, "sglang-wheels-torch-2-10", "slime-gb10-full")
+    assert full is None and "cannot use SGLang here" in err and "torch 2.10.1" in err
 
 
 @pytest.mark.parametrize("system", SYSTEMS)

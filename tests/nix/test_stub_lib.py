@@ -30,6 +30,8 @@ l: {
   u = l.functionArgs (l.makeOverridable ({ a, b ? 1 }: { inherit a b; }) { a = 1; }).override;
   v = strip ((l.makeOverridable ({ a, b ? 1 }: { inherit a b; }) { a = 1; }).override { b = 5; });
   w = l.mapAttrsToList (n: v: n + v) { x = "1"; y = "2"; };
+  x = l.subtractLists [ "b" ] [ "a" "b" "c" ]; y = l.versions.majorMinor "2.11.0";
+  z = l.warnIf false "never" 3; aa = l.replaceStrings [ "." ] [ "" ] "3.13";
 }
 """
 

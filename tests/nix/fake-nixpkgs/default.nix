@@ -15,6 +15,11 @@
   withSglang ? true,
   # false: a revision whose _cuda has no lib.allowUnfreeCudaPredicate
   withCudaPredicate ? true,
+  # with withSglang = false: whether the revision has sglang's own dependencies (flashinfer,
+  # xgrammar, ...: nixpkgs' list for 0.5.12.post1), which the wheel fallback needs
+  withSglangDependencies ? false,
+  # python3Packages.torch.version (the sglang-kernel wheel fits 2.11 only)
+  torchVersion ? "2.11.0",
 }:
 let
   libPath = builtins.getEnv "SLIME_GB10_NIXPKGS_LIB";
@@ -138,7 +143,12 @@ let
     stdenv = {
       name = "stdenv-linux";
       hostPlatform.system = system;
+      cc = mkDrv { pname = "gcc-wrapper"; version = "14"; } // {
+        cc = mkDrv { pname = "gcc"; version = "14"; outputs = [ "out" "lib" ]; };
+      };
     };
+    autoPatchelfHook = mkDrv { name = "auto-patchelf-hook"; };
+    numactl = mkDrv { pname = "numactl"; version = "2.0"; };
     callPackage = callPackageWith final;
 
     cudaPackages_12_9 = throw "fake nixpkgs: the flake must not use CUDA 12";
@@ -193,6 +203,11 @@ let
     {
       inherit buildPythonPackage;
       callPackage = callPy;
+      # the interpreter of this set (shared by the fake's python3 and python313: see mkPythonFor)
+      python = {
+        pythonVersion = "3.13";
+        sitePackages = "lib/python3.13/site-packages";
+      };
       # pkgs/build-support/fetchpypi: sdist by default, or a wheel with format/dist/python/abi/platform
       fetchPypi =
         {
@@ -215,7 +230,7 @@ let
         };
       pythonOlder = v: b.compareVersions "3.13" v < 0;
       pytestCheckHook = simple "pytest-check-hook";
-      torch = simple "torch";
+      torch = mkDrv { pname = "torch"; version = torchVersion; };
       triton = simple "triton";
       pytest = simple "pytest";
       hypothesis = simple "hypothesis";
@@ -242,6 +257,24 @@ let
       rich = simple "rich";
       scipy = simple "scipy";
     }
+    // lib.optionalAttrs (withSglang || withSglangDependencies) (
+      b.listToAttrs (
+        map (name: {
+          inherit name;
+          value = buildPythonPackage { pname = name; version = "1.0"; };
+        }) [
+          "aiohttp" "anthropic" "apache-tvm-ffi" "blobfile" "build" "compressed-tensors"
+          "cuda-bindings" "datasets" "easydict" "einops" "fastapi" "flash-attn-4" "flashinfer"
+          "interegular" "ipython" "kernels" "llguidance" "mistral-common" "modelscope" "msgspec"
+          "nvidia-cutlass-dsl" "openai" "openai-harmony" "orjson" "outlines" "partial-json-parser"
+          "pillow" "prometheus-client" "psutil" "pybase64" "python-multipart" "pyzmq"
+          "quack-kernels" "requests" "sentencepiece" "setproctitle" "sgl-deep-gemm"
+          "smg-grpc-servicer" "soundfile" "tiktoken" "tilelang" "timm" "tokenspeed-mla"
+          "torch-memory-saver" "torchao" "torchaudio" "torchcodec" "torchvision" "uvicorn" "uvloop"
+          "watchfiles" "xgrammar"
+        ]
+      )
+    )
     // lib.optionalAttrs withSglang {
       sglang = simple "sglang";
       # pkgs/development/python-modules/sglang-kernel/default.nix (arguments and the attributes
