@@ -630,7 +630,7 @@ PACKAGES = (
         "pip install sgl-kernel (on GB10: the flake's build)",
         True,
         "build sgl-kernel from source against this torch and CUDA 13 for sm_120a/sm_121a "
-        "(`nix build .#sgl-kernel`, or `SGL_KERNEL_GB10_ONLY=1 pip install --no-build-isolation .` in sgl-kernel/)",
+        "(`nix build .#sglang-kernel`, or `SGL_KERNEL_GB10_ONLY=1 pip install --no-build-isolation .` in sgl-kernel/)",
     ),
     PackageSpec(
         "megatron_core",
