@@ -74,6 +74,7 @@ let
       ps.nvidia-modelopt # NVIDIA's NVFP4 implementation, for the parity tests
     ]
     ++ ps.slime-gb10.optional-dependencies.gguf
+    ++ ps.slime-gb10.optional-dependencies.gsm8k # GSM8K from the hub, the boxed_math reward
     ++ lib.optionals (variant == "full") (
       map (
         name:

@@ -29,6 +29,10 @@
   accelerate,
   matplotlib,
   pyarrow,
+  datasets,
+  # HF math-verify (python3Packages.math-verify; null where a revision lacks it: the boxed_math
+  # reward then says how to install it)
+  math-verify ? null,
 
   # tests
   pytestCheckHook,
@@ -86,6 +90,7 @@ buildPythonPackage {
     ];
     plot = [ matplotlib ];
     data = [ pyarrow ];
+    gsm8k = [ datasets ] ++ lib.optional (math-verify != null) math-verify;
   };
 
   # The test suite runs as flake checks (nix/checks.nix) with the whole repository as source.

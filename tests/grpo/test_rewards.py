@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 
 import pytest
@@ -10,12 +11,14 @@ from hypothesis import strategies as st
 
 from slime_gb10.grpo.rewards import (
     REWARDS,
+    RewardError,
     arithmetic_reward,
     boxed_math_reward,
     combine_rewards,
     extract_gsm8k_answer,
     format_number,
     format_reward,
+    formatted_answer,
     get_reward,
     gsm8k_reward,
     last_boxed,
@@ -160,7 +163,7 @@ def test_last_boxed_nested():
         ("\\boxed{\\$5}", "5", 1.0),
         ("\\boxed{1,000}", "1000", 1.0),
         ("\\boxed{\\frac{\\sqrt{2}}{2}}", "\\frac{\\sqrt{2}}{2}", 1.0),
-        ("\\boxed{\\sqrt{2}/2}", "\\frac{\\sqrt{2}}{2}", 0.0),  # no symbolic algebra (documented)
+        ("\\boxed{\\sqrt{2}/2}", "\\frac{\\sqrt{2}}{2}", 1.0),  # math-verify: symbolic (sympy)
         ("\\boxed{0.333}", "\\frac13", 0.0),  # rounded answers are not equal (rel_tol 1e-6)
         ("\\boxed{0.3333333333}", "\\frac13", 1.0),  # within rel_tol
         ("\\boxed{4}", "5", 0.0),
@@ -171,7 +174,43 @@ def test_last_boxed_nested():
     ],
 )
 def test_boxed_math_reward(completion, truth, reward):
+    pytest.importorskip("math_verify", reason="the boxed_math reward is math-verify's (the gsm8k extra)")
     assert boxed_math_reward(completion, truth) == reward
+
+
+def test_boxed_math_without_math_verify_names_the_extra(monkeypatch):
+    """Without the optional extra the reward is a one-line error with the install command."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_math_verify(name, *args, **kwargs):
+        if name == "math_verify" or name.startswith("math_verify."):
+            raise ImportError("No module named 'math_verify'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_math_verify)
+    with pytest.raises(RewardError, match=r"math-verify.*pip install 'slime-gb10\[gsm8k\]'"):
+        boxed_math_reward("\\boxed{5}", "5")
+    # the GSM8K reward needs no extra: a boxed number is read by our own small parser
+    assert gsm8k_reward("so \\boxed{\\$1,234}", "1234") == 1.0
+    assert gsm8k_reward("\\boxed{-\\frac{3}{4}}", "-0.75") == 1.0
+
+
+@pytest.mark.parametrize(
+    ("completion", "answer"),
+    [
+        ("so #### 72", "72"),
+        ("#### 5 and later \\boxed{6}", "5"),  # the strict #### first
+        ("thus \\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+        ("the answer is 72", None),  # a bare number is not a marked final answer
+        ("\\boxed{}", None),
+        ("<think>#### 5", None),  # never closed: no answer
+        ("<think>#### 4</think> \\boxed{5}", "5"),
+    ],
+)
+def test_formatted_answer(completion, answer):
+    assert formatted_answer(completion) == answer
 
 
 # --- format, combine, registry ---------------------------------------------------------------
@@ -244,7 +283,8 @@ def test_any_integer_in_any_accepted_format_scores(n, style):
     }[style]
     assert gsm8k_reward(f"<think>maybe {n + 1}</think>{text}", str(n)) == 1.0
     assert gsm8k_reward(text, str(n + 1)) == 0.0
-    assert boxed_math_reward(f"\\boxed{{{n}}}", f"{n}.0") == 1.0
+    if importlib.util.find_spec("math_verify") is not None:
+        assert boxed_math_reward(f"\\boxed{{{n}}}", f"{n}.0") == 1.0
 
 
 def test_a_think_block_opened_by_the_chat_template_counts_as_open():

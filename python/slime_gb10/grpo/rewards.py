@@ -19,12 +19,13 @@ drops it (:func:`strip_think`), so a number mentioned while thinking never score
   exactly as rationals (:class:`fractions.Fraction`), so ``72.0 == 72``, ``$1,234.00 == 1234``,
   ``3/4 == 0.75`` and 30-digit integers compare exactly. No words (``seventy-two``), no
   scientific notation.
-- Boxed math (:func:`boxed_math_reward`): last ``\\boxed{...}`` with balanced braces; LaTeX is
-  normalised (``\\dfrac``/``\\tfrac``/``\\frac``, ``\\left``/``\\right``, spacing commands, ``^\\circ``,
-  ``\\%``, ``\\$``, trailing ``\\text{...}`` units, a leading ``x =``); if both sides then parse as
-  numbers (integers, decimals, fractions, ``\\frac{a}{b}``, a sign) they are compared with a
-  relative tolerance of 1e-6, otherwise the normalised strings must be equal. There is no
-  symbolic algebra (no sympy): ``\\sqrt{2}/2`` and ``\\frac{\\sqrt{2}}{2}`` are different strings.
+- Boxed math (:func:`boxed_math_reward`): the last ``\\boxed{...}`` (balanced braces) against the
+  ground truth through HF ``math-verify`` (``parse`` + ``verify``: LaTeX to sympy, so
+  ``\\sqrt{2}/2 == \\frac{\\sqrt{2}}{2}``, ``10\\%``, ``90^\\circ``, units in ``\\text{}``), the
+  library TRL and slime use; an optional extra (``pip install 'slime-gb10[gsm8k]'``).
+- Format (:func:`formatted_answer`): the answer the model marked as final, a strict ``#### <n>`` or
+  else the last ``\\boxed{...}``; the share of completions that have one is the eval's format
+  compliance.
 """
 
 from __future__ import annotations
@@ -198,73 +199,20 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
-def _replace_frac(s: str) -> str:
-    """``\\frac{a}{b}`` -> ``(a)/(b)`` (nested braces), ``\\frac12`` -> ``(1)/(2)``."""
-    out = []
-    i = 0
-    while True:
-        j = s.find("\\frac", i)
-        if j < 0:
-            out.append(s[i:])
-            return "".join(out)
-        out.append(s[i:j])
-        k = j + len("\\frac")
-        args = []
-        for _ in range(2):
-            while k < len(s) and s[k] == " ":
-                k += 1
-            if k < len(s) and s[k] == "{":
-                depth, start = 1, k + 1
-                k += 1
-                while k < len(s) and depth:
-                    depth += {"{": 1, "}": -1}.get(s[k], 0)
-                    k += 1
-                args.append(_replace_frac(s[start : k - 1]))
-            elif k < len(s):
-                args.append(s[k])
-                k += 1
-        if len(args) != 2:
-            out.append(s[j:])
-            return "".join(out)
-        out.append(f"({args[0]})/({args[1]})")
-        i = k
+def _boxed_number(content: str) -> Fraction | None:
+    """A ``\\boxed{}`` content that is a plain number (``72``, ``\\$1,234``, ``-\\frac{3}{4}``), else None.
 
-
-def normalize_math_answer(answer: str) -> str:
-    """Normalise a LaTeX final answer for string comparison (see the module docstring for the rules)."""
-    s = _normalise_text(answer).strip()
-    inner = last_boxed(s)
-    if inner is not None:
-        s = inner
-    s = s.strip().strip("$").strip()
-    # \text{...}: the whole answer in \text{} keeps its content; trailing unit text is dropped.
-    whole_text = re.fullmatch(r"\\(?:text|textbf|mbox|mathrm)\{([^{}]*)\}", s)
-    if whole_text:
-        s = whole_text.group(1)
-    else:
-        s = re.sub(r"(?:\s*\\(?:text|mbox|mathrm)\{\s*[^{}]*\})+\s*$", "", s)
-    for cmd in ("\\left", "\\right", "\\!", "\\,", "\\;", "\\:", "\\ ", "\\displaystyle"):
-        s = s.replace(cmd, "")
-    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    s = re.sub(r"\^\s*\{?\s*\\circ\s*\}?", "", s)
-    s = s.replace("\\circ", "").replace("°", "")
-    s = s.replace("\\%", "").replace("%", "").replace("\\$", "").replace("$", "")
-    s = _replace_frac(s)
-    s = re.sub(r"^[a-zA-Z]\s*=\s*", "", s)  # "x = 5" -> "5"
-    s = s.replace(" ", "")
-    s = s.rstrip(".")
-    # "(3)/(4)" -> "3/4" when both parts are plain numbers
-    s = re.sub(r"\((-?[\d.]+)\)/\((-?[\d.]+)\)", r"\1/\2", s)
-    return s
-
-
-def _parse_math_number(normalised: str) -> Fraction | None:
-    s = normalised
-    m = re.fullmatch(r"(-?)\((.+)\)", s)
-    if m and "(" not in m.group(2):
-        s = m.group(1) + m.group(2)
-    if s.startswith("-(") and s.endswith(")"):
-        s = "-" + s[2:-1]
+    Only what a GSM8K answer needs; anything else (sympy-level LaTeX) is :func:`boxed_math_reward`'s.
+    """
+    s = content.strip().strip("$").replace("\\$", "").replace("\\%", "").replace("\\!", "").replace("\\,", "")
+    s = re.sub(r"\\text\{[^{}]*\}\s*$", "", s).strip()
+    frac = re.fullmatch(r"(-?)\\[dt]?frac\{([^{}]+)\}\{([^{}]+)\}", s)
+    if frac:
+        num, den = parse_number(frac.group(2)), parse_number(frac.group(3))
+        if num is None or den is None or den == 0:
+            return None
+        value = num / den
+        return -value if frac.group(1) else value
     return parse_number(s)
 
 
@@ -288,7 +236,7 @@ def extract_gsm8k_answer(text: str) -> str | None:
             return format_number(value)
     boxed = last_boxed(answer_part)
     if boxed is not None:
-        value = _parse_math_number(normalize_math_answer(boxed))
+        value = _boxed_number(boxed)
         if value is not None:
             return format_number(value)
     for candidate in reversed(_numbers_in(answer_part)):
@@ -326,27 +274,55 @@ def arithmetic_reward(completion: str, ground_truth: str) -> float:
     return gsm8k_reward(completion, ground_truth)
 
 
-def boxed_math_reward(completion: str, ground_truth: str, rel_tol: float = 1e-6) -> float:
-    """1.0 if the last ``\\boxed{...}`` of the completion matches ``ground_truth``, else 0.0.
+def _math_verify():
+    try:
+        import math_verify
+    except ImportError:
+        raise RewardError(
+            "the boxed_math reward compares LaTeX answers with HF math-verify, which is not installed: "
+            "pip install 'slime-gb10[gsm8k]' (or use the gsm8k reward for numeric answers)"
+        ) from None
+    return math_verify
 
-    Both sides go through :func:`normalize_math_answer`; when both parse as numbers they are
-    compared with ``|a - b| <= rel_tol * max(|a|, |b|)`` (exact rational arithmetic), otherwise as
-    normalised strings. ``ground_truth`` may itself be wrapped in ``\\boxed{}``. No box: 0.0.
+
+def boxed_math_reward(completion: str, ground_truth: str) -> float:
+    """1.0 if the last ``\\boxed{...}`` of the completion equals ``ground_truth`` mathematically, else 0.0.
+
+    Both sides are parsed and compared by HF ``math-verify`` (``parse`` / ``verify``; the gold may
+    be plain (``0.75``), LaTeX or itself boxed). Only the LAST box counts (math-verify alone would
+    read ``\\boxed{1} \\boxed{5}`` as the set {1, 5}). No box, or an unclosed ``<think>``: 0.0.
+    Needs the ``gsm8k`` extra; without it :class:`RewardError` says how to install it.
     """
+    mv = _math_verify()
     answer_part = strip_think(completion)
     if answer_part is None:
         return 0.0
     boxed = last_boxed(answer_part)
-    if boxed is None:
+    if boxed is None or not boxed.strip():
         return 0.0
-    predicted = normalize_math_answer(boxed)
-    expected = normalize_math_answer(ground_truth)
-    if not predicted:
+    gold_text = ground_truth if ("\\boxed" in ground_truth or "$" in ground_truth) else f"${ground_truth}$"
+    gold = mv.parse(gold_text, extraction_config=[mv.LatexExtractionConfig(), mv.ExprExtractionConfig()])
+    predicted = mv.parse(f"\\boxed{{{boxed}}}", extraction_config=[mv.LatexExtractionConfig()])
+    if not gold or not predicted:
         return 0.0
-    a, b = _parse_math_number(predicted), _parse_math_number(expected)
-    if a is not None and b is not None:
-        return float(abs(a - b) <= Fraction(rel_tol) * max(abs(a), abs(b)))
-    return float(predicted == expected)
+    return float(mv.verify(gold, predicted))
+
+
+def formatted_answer(completion: str) -> str | None:
+    """The answer the completion marks as final: a strict ``#### <n>`` (first), else the last ``\\boxed{}``.
+
+    None when it has neither, or its ``<think>`` never closes. The eval's format compliance is the
+    share of completions for which this is not None (slime's GB10 table counts answers without
+    ``\\boxed{}`` the same way).
+    """
+    answer_part = strip_think(completion)
+    if answer_part is None:
+        return None
+    strict = _STRICT_RE.search(_normalise_text(answer_part))
+    if strict:
+        return strict.group(1)
+    boxed = last_boxed(answer_part)
+    return boxed if boxed is not None and boxed.strip() else None
 
 
 DEFAULT_FORMAT_PATTERN = r"####\s*\$?\s*[-+\u2212]?\s*\$?\s*\.?\d|\\boxed\s*\{"

@@ -256,6 +256,8 @@ let
       regex = simple "regex";
       rich = simple "rich";
       scipy = simple "scipy";
+      datasets = simple "datasets";
+      math-verify = simple "math-verify";
     }
     // lib.optionalAttrs (withSglang || withSglangDependencies) (
       b.listToAttrs (
@@ -264,7 +266,7 @@ let
           value = buildPythonPackage { pname = name; version = "1.0"; };
         }) [
           "aiohttp" "anthropic" "apache-tvm-ffi" "blobfile" "build" "compressed-tensors"
-          "cuda-bindings" "datasets" "easydict" "einops" "fastapi" "flash-attn-4" "flashinfer"
+          "cuda-bindings" "easydict" "einops" "fastapi" "flash-attn-4" "flashinfer"
           "interegular" "ipython" "kernels" "llguidance" "mistral-common" "modelscope" "msgspec"
           "nvidia-cutlass-dsl" "openai" "openai-harmony" "orjson" "outlines" "partial-json-parser"
           "pillow" "prometheus-client" "psutil" "pybase64" "python-multipart" "pyzmq"
