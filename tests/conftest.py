@@ -22,3 +22,42 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+# The real GSM8K splits (MIT; ../shared/data/gsm8k beside the checkout, never copied into the
+# repository), checked against the sha256 sums its README publishes.
+GSM8K_SHA256 = {
+    "test.jsonl": "3730d312f6e3440559ace48831e51066acaca737f6eabec99bccb9e4b3c39d14",
+    "train.jsonl": "17f347dc51477c50d4efb83959dbb7c56297aba886e5544ee2aaed3024813465",
+}
+
+
+def _find_gsm8k():
+    import os
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent.parent
+    candidates = [os.environ.get("SLIME_GB10_GSM8K_DIR", "")]
+    candidates += [str(p / "shared" / "data" / "gsm8k") for p in [here, *here.parents]]
+    candidates.append("/work/shared/data/gsm8k")
+    for c in candidates:
+        if c and (Path(c) / "test.jsonl").is_file() and (Path(c) / "train.jsonl").is_file():
+            return Path(c)
+    return None
+
+
+@pytest.fixture(scope="session")
+def gsm8k_dir():
+    """The directory of GSM8K's train.jsonl / test.jsonl (SLIME_GB10_GSM8K_DIR, else ../shared/data/gsm8k)."""
+    import hashlib
+
+    found = _find_gsm8k()
+    if found is None:
+        pytest.skip(
+            "the GSM8K files are not here: set SLIME_GB10_GSM8K_DIR to the folder of train.jsonl/test.jsonl"
+        )
+    for name, digest in GSM8K_SHA256.items():
+        assert hashlib.sha256((found / name).read_bytes()).hexdigest() == digest, (
+            f"{found / name} is not GSM8K"
+        )
+    return found

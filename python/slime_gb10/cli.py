@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, str] = {
     "doctor": "slime_gb10.platform.doctor:doctor_command",
     "train": "slime_gb10.grpo.cli:train_command",
     "eval": "slime_gb10.grpo.cli:eval_command",
+    "compare": "slime_gb10.grpo.cli:compare_command",
     "plot": "slime_gb10.grpo.cli:plot_command",
     "bench": "slime_gb10.bench:bench_group",
     "verify": "slime_gb10.platform.verify:verify_command",
@@ -26,7 +27,8 @@ SUBCOMMANDS: dict[str, str] = {
 HELP = {
     "doctor": "Check this machine's GPU stack and say how to fix what is broken.",
     "train": "GRPO post-training (no arguments: the embedded SmolLM2-135M default run).",
-    "eval": "pass@1 (greedy) and pass@k of a model on a held-out split.",
+    "eval": "pass@1 (greedy, with its 95% interval), format compliance and pass@k on a held-out split.",
+    "compare": "Two eval results on the same questions, paired (McNemar's exact test).",
     "plot": "Draw the curves of a training run's metrics.jsonl as PNG.",
     "bench": "Benchmarks that measure the device's ceilings and report ratios.",
     "verify": "Check a GPU machine end to end (GB10 blockers, GPU tests, GRPO steps) into one report.",

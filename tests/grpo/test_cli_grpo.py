@@ -113,8 +113,10 @@ def test_train_plot_eval_end_to_end(tmp_path, tiny_dir):
         "--max-new-tokens", "4", "--output", str(out),
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    metrics = json.loads(out.read_text())
-    assert set(metrics) >= {"pass@1", "pass@2"} and metrics["num_prompts"] == 3
+    metrics = json.loads(out.read_text())["metrics"]
+    assert (
+        set(metrics) >= {"pass@1", "pass@2", "pass@1_ci_low", "format_rate"} and metrics["num_prompts"] == 3
+    )
     # resume past the end: extends the run by one step
     result = invoke("train", "--resume", str(run), "--steps", "3", "--device", "cpu", "--no-progress")
     assert result.exit_code == 0, result.output
@@ -167,3 +169,37 @@ def test_missing_reporter_package_fails_before_loading_models(tmp_path, monkeypa
         "train", "--report-to", "wandb", "--model", str(tmp_path / "nope"), "--output", str(tmp_path / "r")
     )
     assert result.exit_code == 1 and "pip install 'slime-gb10[wandb]'" in result.output
+
+
+def test_eval_and_compare_on_the_real_gsm8k_test_file(tmp_path, tiny_dir, gsm8k_dir):
+    """`eval` on the first questions of GSM8K's test split with a tiny model, twice (two models), then
+    `compare`: the JSON holds every question (ids of the test file), compare pairs them."""
+    outs = []
+    for name, model in (("before", tiny_dir), ("after", tiny_dir)):
+        out = tmp_path / f"{name}.json"
+        result = invoke(
+            "eval", "--model", str(model), "--device", "cpu", "--data", str(gsm8k_dir / "train.jsonl"),
+            "--eval-data", str(gsm8k_dir / "test.jsonl"), "--num-prompts", "5", "--max-new-tokens", "4",
+            "--batch-size", "2", "--set", "rollout.max_prompt_tokens=512", "--output", str(out),
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        assert "95% CI [" in result.output and "on 5 questions" in result.output
+        outs.append(out)
+    document = json.loads(outs[0].read_text())
+    assert [q["id"] for q in document["questions"]] == [f"test-{i}" for i in range(5)]
+    truths = [json.loads(line)["answer"].rsplit("####", 1)[1].strip() for line in
+              (gsm8k_dir / "test.jsonl").read_text().splitlines()[:5]]  # fmt: skip
+    assert [q["ground_truth"] for q in document["questions"]] == [t.replace(",", "") for t in truths]
+    result = invoke("compare", str(outs[0]), str(outs[1]))
+    assert result.exit_code == 0, result.output
+    assert "5 questions in both" in result.output and "McNemar exact p = 1" in result.output  # same model
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    result = invoke("compare", str(outs[0]), str(bad))
+    assert result.exit_code != 0 and "is not a `slime-gb10 eval --output` file" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_num_prompts_takes_a_number_or_all(tmp_path):
+    result = invoke("eval", "--num-prompts", "some", "--device", "cpu")
+    assert result.exit_code != 0 and "neither a number nor 'all'" in result.output

@@ -52,7 +52,7 @@ def test_evaluate_pass1_greedy_and_pass_at_k():
             (2,): ["#### 0", "#### 0", "#### 9", "#### 0"],
         },
     )
-    metrics = evaluate(engine, [[1], [2]], ["7", "9"], gsm8k_reward, k=4, max_new_tokens=8)
+    metrics = evaluate(engine, [[1], [2]], ["7", "9"], gsm8k_reward, k=4, max_new_tokens=8).metrics
     assert metrics["pass@1"] == 0.5  # greedy: first right, second wrong
     assert metrics["pass@4"] == 1.0  # each prompt has one right sample among 4
     assert metrics["sampled_pass_rate"] == 2 / 8
@@ -65,3 +65,32 @@ def test_evaluate_rejects_empty_and_mismatched():
         evaluate(engine, [], [], gsm8k_reward)
     with pytest.raises(ValueError, match="ground truths"):
         evaluate(engine, [[1]], [], gsm8k_reward)
+
+
+def test_evaluate_reports_interval_format_lengths_and_every_question():
+    """Four questions, scripted: right, wrong but formatted, unformatted and right by its last
+    number (the gsm8k reward's fallback), cut at the limit. Batched in twos."""
+    engine = ScriptedEngine(
+        greedy={(1,): "#### 7", (2,): "#### 4", (3,): "it is 9", (4,): "\\boxed{2"},
+        sampled={},
+    )
+    result = evaluate(
+        engine,
+        [[1], [2], [3], [4]],
+        ["7", "5", "9", "2"],
+        gsm8k_reward,
+        k=1,
+        ids=["a", "b", "c", "d"],
+        batch_size=2,
+    )
+    m = result.metrics
+    assert len(engine.calls) == 2  # two batches of two
+    assert m["pass@1"] == 0.75 and m["num_prompts"] == 4
+    # Wilson 95% for 3/4 (hand-computed: centre (0.75 + z^2/8)/(1 + z^2/4), z = 1.95996)
+    assert m["pass@1_ci_low"] == pytest.approx(0.3006418, abs=1e-6)
+    assert m["pass@1_ci_high"] == pytest.approx(0.9544127, abs=1e-6)
+    assert m["format_rate"] == 0.5  # "#### 7", "#### 4"; "it is 9" and an unclosed box are not
+    assert m["response_len_mean"] == 2 and m["truncated_rate"] == 0
+    assert [q["id"] for q in result.questions] == ["a", "b", "c", "d"]
+    assert [q["correct"] for q in result.questions] == [True, False, True, True]
+    assert [q["answer"] for q in result.questions] == ["7", "4", None, None]

@@ -126,7 +126,8 @@ def _common_options(func):
             "--data",
             "data_path",
             type=click.Path(),
-            help="JSONL/JSON/Parquet prompt file (default: arithmetic task).",
+            help="Prompts: a JSONL/JSON/Parquet/CSV file, a dataset name (gsm8k) or hf:owner/name[:config] "
+            "(default: the arithmetic task).",
         ),
         click.option("--device", help="auto | cpu | cuda | cuda:N"),
         click.option("--seed", type=int),
@@ -264,86 +265,180 @@ def _report(history: list[dict], run_dir: Path) -> None:
     click.echo("\n".join(lines))
 
 
+def _num_prompts(value: str | None) -> int | str | None:
+    if value is None:
+        return "config"
+    if value == "all":
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is neither a number nor 'all'", param_hint="--num-prompts"
+        ) from None
+    if n < 1:
+        raise click.BadParameter("must be at least 1 (or 'all')", param_hint="--num-prompts")
+    return n
+
+
 @click.command("eval")
 @_common_options
+@click.option(
+    "--eval-data",
+    "eval_path",
+    help="The held-out set: a file or dataset spec (default: --data's test split, or held out of --data).",
+)
 @click.option("--k", type=int, help="pass@k: samples per prompt (default: eval.k).")
-@click.option("--num-prompts", type=int, help="Held-out prompts to evaluate (default: eval.num_prompts).")
+@click.option("--num-prompts", help="Held-out prompts to evaluate, or 'all' (default: eval.num_prompts).")
 @click.option("--max-new-tokens", type=int)
 @click.option("--temperature", type=float, help="Sampling temperature of pass@k.")
+@click.option("--batch-size", type=int, help="Prompts generated together (default: eval.batch_size).")
 @click.option(
-    "--output", "output_file", type=click.Path(dir_okay=False), help="Also write the metrics as JSON here."
+    "--output",
+    "output_file",
+    type=click.Path(dir_okay=False),
+    help="Write the metrics and every question's outcome as JSON here (for `slime-gb10 compare`).",
 )
 def eval_command(
-    config_file, sets, data_path, verbose, k, num_prompts, max_new_tokens, temperature, output_file, **values
+    config_file,
+    sets,
+    data_path,
+    verbose,
+    eval_path,
+    k,
+    num_prompts,
+    max_new_tokens,
+    temperature,
+    batch_size,
+    output_file,
+    **values,
 ):
-    """pass@1 (greedy) and pass@k on the held-out split, with the training rewards."""
+    """Greedy pass@1 with its 95% interval, format compliance, response length (and pass@k)."""
     try:
+        count = _num_prompts(num_prompts)
         overrides = {}
+        if eval_path is not None:
+            overrides["data.eval_path"] = eval_path
         if k is not None:
             overrides["eval.k"] = k
-        if num_prompts is not None:
-            overrides["eval.num_prompts"] = num_prompts
-            overrides["data.eval_size"] = num_prompts
+        if count != "config":
+            overrides["eval.num_prompts"] = count
+            if count is not None:
+                overrides["data.eval_size"] = count
         if max_new_tokens is not None:
             overrides["eval.max_new_tokens"] = max_new_tokens
         if temperature is not None:
             overrides["eval.temperature"] = temperature
+        if batch_size is not None:
+            overrides["eval.batch_size"] = batch_size
         config = _config_from_cli(config_file, sets, values, data_path, extra=overrides)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     _setup_logging(verbose)
     _apply_runtime_fixes()
     try:
-        metrics = run_eval(config)
+        result = run_eval(config)
     except _user_errors() as exc:
         raise click.ClickException(str(exc)) from None
-    for key, value in metrics.items():
-        click.echo(f"{key:>20}: {value:.4f}")
+    m = result.metrics
+    click.echo(
+        f"pass@1 (greedy) {m['pass@1']:.4f}  95% CI [{m['pass@1_ci_low']:.4f}, {m['pass@1_ci_high']:.4f}]  "
+        f"on {int(m['num_prompts'])} questions"
+    )
+    for key, value in m.items():
+        if not key.startswith("pass@1"):
+            click.echo(f"{key:>20}: {value:.4f}")
     if output_file:
         from slime_gb10.utils.atomic import atomic_write_text
 
-        atomic_write_text(output_file, json.dumps(metrics, indent=2) + "\n")
+        document = {
+            "model": config.model.name_or_path or "embedded SmolLM2-135M-Instruct",
+            "data": config.data.eval_path or config.data.path or config.data.task,
+            "metrics": m,
+            "questions": result.questions,
+        }
+        atomic_write_text(output_file, json.dumps(document, indent=1) + "\n")
+        click.echo(f"wrote {output_file}")
 
 
-def run_eval(config: GRPOConfig) -> dict[str, float]:
-    """Evaluate ``config.model`` on the held-out split of ``config.data``."""
+def run_eval(config: GRPOConfig):
+    """Evaluate ``config.model`` on the held-out split of ``config.data``: an ``EvalResult``."""
     from slime_gb10.grpo import registry
     from slime_gb10.grpo.evaluate import evaluate
     from slime_gb10.grpo.models import load_tokenizer, resolve_model_path
-    from slime_gb10.grpo.trainer import GRPOTrainer
-
-    trainer = GRPOTrainer(config)  # reuses its data/prompt handling; no backend is built
-    trainer._build_data()
-    if not trainer.eval_examples:
-        raise ConfigError("the held-out split is empty: set data.eval_size > 0 (or --num-prompts)")
+    from slime_gb10.grpo.prompts import PromptEncoder, load_splits
     from slime_gb10.grpo.rewards import get_reward
 
-    reward_fn = get_reward(config.data.reward if config.data.reward != "auto" else trainer._default_reward())
-    trainer.tokenizer = load_tokenizer(
-        resolve_model_path(config.model.name_or_path), config.model.trust_remote_code
+    _, examples = load_splits(config.data, config.train.seed)
+    if not examples:
+        raise ConfigError(
+            "the held-out split is empty: set data.eval_size > 0, --eval-data, or --num-prompts"
+        )
+    spec = config.data.reward
+    reward_fn = get_reward(
+        spec if spec != "auto" else ("arithmetic" if config.data.task == "arithmetic" else "gsm8k")
     )
-    trainer.eval_examples = trainer._drop_long_prompts(trainer.eval_examples, "eval")
+    tokenizer = load_tokenizer(resolve_model_path(config.model.name_or_path), config.model.trust_remote_code)
+    prompts = PromptEncoder.from_config(tokenizer, config)
+    examples = prompts.drop_long(examples, "eval")[: config.eval.num_prompts]
     device = registry.resolve_device(config.backends.device)
     engine_name = registry.resolve_engine(config.backends.rollout, device)
-    log.info("eval with the %s rollout engine on %s", engine_name, device)
-    engine = registry.build_engine(engine_name, config, trainer.tokenizer, device)
+    log.info("eval of %d prompts with the %s rollout engine on %s", len(examples), engine_name, device)
+    engine = registry.build_engine(engine_name, config, tokenizer, device)
     try:
-        examples = trainer.eval_examples[: config.eval.num_prompts]
         return evaluate(
             engine,
-            [trainer.prompt_ids(e) for e in examples],
+            [prompts.ids(e) for e in examples],
             [str(e.ground_truth) for e in examples],
             reward_fn,
-            opens_think=[trainer.opens_think(e) for e in examples],
+            opens_think=[prompts.opens_think(e) for e in examples],
+            ids=[e.id for e in examples],
             k=config.eval.k,
             temperature=config.eval.temperature,
             max_new_tokens=config.eval.max_new_tokens or config.rollout.max_new_tokens,
             pass_threshold=config.data.pass_threshold,
             seed=config.train.seed,
             stop=config.rollout.stop,
+            batch_size=config.eval.batch_size,
         )
     finally:
         engine.shutdown()
+
+
+@click.command("compare")
+@click.argument("first", type=click.Path(dir_okay=False))
+@click.argument("second", type=click.Path(dir_okay=False))
+def compare_command(first, second):
+    """Paired comparison of two `eval --output` files on the same questions (McNemar's exact test)."""
+    from slime_gb10.grpo.stats import compare_evaluations
+
+    documents = []
+    for path in (first, second):
+        try:
+            document = json.loads(Path(path).read_text(encoding="utf-8"))
+            document["questions"]
+        except FileNotFoundError:
+            raise click.ClickException(
+                f"{path} does not exist; write it with slime-gb10 eval --output {path}"
+            ) from None
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
+            raise click.ClickException(
+                f"{path} is not a `slime-gb10 eval --output` file (JSON with a 'questions' list)"
+            ) from None
+        documents.append(document)
+    try:
+        got = compare_evaluations(*documents)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise click.ClickException(f"cannot compare {first} and {second}: {exc}") from None
+    click.echo(f"{got['questions']} questions in both")
+    click.echo(
+        f"pass@1 {got['pass@1_first']:.4f} -> {got['pass@1_second']:.4f} ({100 * got['difference']:+.2f} pp)"
+    )
+    click.echo(
+        f"right in both {got['both_right']}, only first {got['only_first_right']}, "
+        f"only second {got['only_second_right']}, neither {got['both_wrong']}"
+    )
+    click.echo(f"McNemar exact p = {got['mcnemar_p']:.3g}")
 
 
 @click.command("plot")
@@ -362,4 +457,4 @@ def plot_command(run_dir, out_file):
     click.echo(f"wrote {path}")
 
 
-__all__ = ["eval_command", "load_config_file", "plot_command", "train_command"]
+__all__ = ["compare_command", "eval_command", "load_config_file", "plot_command", "train_command"]

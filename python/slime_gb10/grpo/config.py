@@ -41,15 +41,21 @@ class ModelConfig(_Section):
 
 
 class DataConfig(_Section):
-    # "arithmetic": the procedural task (no files); "file": a JSON/JSONL/Parquet/CSV dataset.
+    # "arithmetic": the procedural task (no files); "file": `path` (a JSON/JSONL/Parquet/CSV file,
+    # a named dataset such as "gsm8k" = openai/gsm8k, or "hf:owner/name[:config]" from the hub).
     task: Literal["arithmetic", "file"] = "arithmetic"
     path: str | None = None
+    # The held-out set: a file or dataset spec like `path`. None: a hub dataset's test split, or
+    # `eval_size` examples held out from a training file.
+    eval_path: str | None = None
     prompt_key: str | None = None  # None: the layout's default column ("question" / "prompt")
     answer_key: str | None = None  # None: "answer" (gsm8k layout) / "ground_truth" (generic)
     layout: Literal["auto", "gsm8k", "generic"] = "auto"  # see data.load_prompt_dataset
     limit: int | None = Field(default=None, ge=1)
     eval_size: int = Field(default=64, ge=0)  # held-out prompts (arithmetic: a fixed eval set)
     system_prompt: str | None = None
+    # Appended to each question (slime's GSM8K recipe asks for \boxed{}; None: the question alone).
+    instruction: str | None = "Put the final answer after ####."
     # Extra keyword arguments of data.ArithmeticTask (e.g. difficulty knobs).
     arithmetic: dict[str, Any] = Field(default_factory=dict)
     # Reward spec for rewards.get_reward ("gsm8k:1.0,format:0.1"); "auto": gsm8k-style answers.
@@ -125,7 +131,12 @@ class AlgoConfig(_Section):
 class EvalConfig(_Section):
     every: int = Field(default=10, ge=0)  # 0: never during training
     at_start: bool = True  # also evaluate the initial model (a "step 0" row), when every > 0
-    num_prompts: int = Field(default=32, ge=1)
+    # held-out prompts evaluated during training (None: all of them)
+    num_prompts: int | None = Field(default=32, ge=1)
+    # after the last step, evaluate on the whole held-out split (eval_final.json in the run)
+    at_end: bool = False
+    # prompts generated together by an evaluation (None: all at once)
+    batch_size: int | None = Field(default=256, ge=1)
     # pass@k with k samples per prompt at `temperature`, besides greedy pass@1 (1: greedy only, the
     # cheap default; GSM8K recipes set 4 or 8)
     k: int = Field(default=1, ge=1)

@@ -1,5 +1,10 @@
 """Evaluation on a held-out split: pass@1 with greedy decoding and pass@k with sampling.
 
+Greedy pass@1 comes with Wilson's 95% interval (:mod:`slime_gb10.grpo.stats`), the format
+compliance (share of completions with a marked final answer: ``rewards.formatted_answer``), the
+mean response length and the share cut at the token limit; every question's outcome is kept
+(:class:`EvalResult`), so two evaluations of the same questions can be compared pairwise.
+
 pass@k uses the unbiased estimator of Chen et al. 2021 ("Evaluating Large Language Models
 Trained on Code", eq. 1): with ``n`` samples of which ``c`` pass,
 ``pass@k = 1 - C(n - c, k) / C(n, k)``, averaged over prompts. Here ``n = k`` samples per
@@ -10,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from slime_gb10.grpo.interfaces import RolloutEngine, SamplingParams
 
@@ -21,6 +27,26 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+@dataclass
+class EvalResult:
+    """``metrics``: the summary numbers; ``questions``: one record per question (id, correct, reward,
+    the marked final answer or None, response length in tokens, truncated)."""
+
+    metrics: dict[str, float]
+    questions: list[dict] = field(default_factory=list)
+
+
+def _generate(
+    engine: RolloutEngine, prompts: list[list[int]], params: SamplingParams, batch_size: int | None
+):
+    if not batch_size or len(prompts) <= batch_size:
+        return engine.generate(prompts, params)
+    out = []
+    for start in range(0, len(prompts), batch_size):
+        out.extend(engine.generate(prompts[start : start + batch_size], params))
+    return out
 
 
 def evaluate(
@@ -36,47 +62,81 @@ def evaluate(
     seed: int = 0,
     stop: Sequence[str] = (),
     opens_think: Sequence[bool] | None = None,
-) -> dict[str, float]:
-    """``{"pass@1": ..., f"pass@{k}": ..., "reward_mean": ..., "response_len_mean": ...}``.
+    ids: Sequence[str] | None = None,
+    batch_size: int | None = None,
+) -> EvalResult:
+    """Greedy pass@1 (with its Wilson interval, format compliance, lengths) and sampled pass@k.
 
-    pass@1 is greedy (one completion per prompt); pass@k samples ``k`` completions per prompt at
-    ``temperature``. A completion passes when its reward is at least ``pass_threshold``.
-    ``opens_think[i]``: prompt ``i`` ends in an open ``<think>`` (``rewards.as_scored``).
+    Metrics: ``pass@1``, ``pass@1_ci_low`` / ``pass@1_ci_high`` (95%), ``format_rate``,
+    ``reward_mean``, ``response_len_mean``, ``truncated_rate``, ``num_prompts``; with ``k > 1`` also
+    ``pass@{k}`` (``k`` samples per prompt at ``temperature``) and ``sampled_pass_rate``. A
+    completion passes when its reward is at least ``pass_threshold``. ``opens_think[i]``: prompt
+    ``i`` ends in an open ``<think>`` (``rewards.as_scored``). ``batch_size``: prompts generated
+    together (None: all at once).
     """
-    from slime_gb10.grpo.rewards import as_scored, safe_rewards
+    from slime_gb10.grpo.rewards import as_scored, formatted_answer, safe_rewards
+    from slime_gb10.grpo.stats import wilson_interval
 
     opens_think = list(opens_think) if opens_think is not None else [False] * len(prompt_ids)
+    ids = list(ids) if ids is not None else [str(i) for i in range(len(prompt_ids))]
 
     if len(prompt_ids) != len(ground_truths):
         raise ValueError(f"{len(prompt_ids)} prompts but {len(ground_truths)} ground truths")
     if not prompt_ids:
         raise ValueError("the evaluation set is empty")
-    greedy = engine.generate(
-        list(prompt_ids), SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop=tuple(stop))
+    greedy = _generate(
+        engine,
+        [list(p) for p in prompt_ids],
+        SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop=tuple(stop)),
+        batch_size,
     )
     greedy_texts = [as_scored(g.text, o) for g, o in zip(greedy, opens_think, strict=True)]
     greedy_rewards, _ = safe_rewards(reward_fn, greedy_texts, list(ground_truths))
+    questions = []
+    for i, (g, text, reward) in enumerate(zip(greedy, greedy_texts, greedy_rewards, strict=True)):
+        length = len(g.completion_ids)
+        questions.append(
+            {
+                "id": ids[i],
+                "correct": reward >= pass_threshold,
+                "reward": reward,
+                "answer": formatted_answer(text),
+                "ground_truth": str(ground_truths[i]),
+                "length": length,
+                "truncated": g.truncated,
+            }
+        )
+    n = len(questions)
+    passed = sum(q["correct"] for q in questions)
+    low, high = wilson_interval(passed, n)
     metrics = {
-        "pass@1": sum(r >= pass_threshold for r in greedy_rewards) / len(greedy_rewards),
-        "reward_mean": sum(greedy_rewards) / len(greedy_rewards),
-        "response_len_mean": sum(len(g.completion_ids) for g in greedy) / len(greedy),
-        "num_prompts": float(len(prompt_ids)),
+        "pass@1": passed / n,
+        "pass@1_ci_low": low,
+        "pass@1_ci_high": high,
+        "format_rate": sum(q["answer"] is not None for q in questions) / n,
+        "reward_mean": sum(greedy_rewards) / n,
+        "response_len_mean": sum(q["length"] for q in questions) / n,
+        "truncated_rate": sum(q["truncated"] for q in questions) / n,
+        "num_prompts": float(n),
     }
     if k > 1:
         repeated = [list(p) for p in prompt_ids for _ in range(k)]
         truths = [t for t in ground_truths for _ in range(k)]
-        sampled = engine.generate(
+        sampled = _generate(
+            engine,
             repeated,
             SamplingParams(
                 max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, stop=tuple(stop)
             ),
+            batch_size * k if batch_size else None,
         )
         sampled_texts = [as_scored(g.text, opens_think[i // k]) for i, g in enumerate(sampled)]
         rewards, _ = safe_rewards(reward_fn, sampled_texts, truths)
         scores = []
         for i in range(len(prompt_ids)):
-            passed = sum(r >= pass_threshold for r in rewards[i * k : (i + 1) * k])
-            scores.append(pass_at_k(k, passed, k))
+            correct = sum(r >= pass_threshold for r in rewards[i * k : (i + 1) * k])
+            scores.append(pass_at_k(k, correct, k))
+            questions[i][f"correct_of_{k}"] = correct
         metrics[f"pass@{k}"] = sum(scores) / len(scores)
         metrics["sampled_pass_rate"] = sum(r >= pass_threshold for r in rewards) / len(rewards)
-    return metrics
+    return EvalResult(metrics, questions)

@@ -20,6 +20,7 @@ is the plain policy gradient); otherwise they are computed once before the first
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import shutil
@@ -34,6 +35,7 @@ from slime_gb10.grpo.batching import Sample, collate, split_microbatches
 from slime_gb10.grpo.config import GRPOConfig
 from slime_gb10.grpo.interfaces import Generation, SamplingParams
 from slime_gb10.grpo.metrics import eval_summary
+from slime_gb10.grpo.prompts import PromptEncoder, load_splits
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +119,7 @@ class GRPOTrainer:
         self.device = device
         self.step = 0
         self.logger = None
-        self._prompt_cache: dict[str, list[int]] = {}
-        self._opens_think: dict[str, bool] = {}
+        self.prompts = None  # prompts.PromptEncoder, once the tokenizer is known
         self._boundary: dict | None = None
         self._last_checkpoint: Path | None = None
         self._mid_step = False  # inside a step's update..log: memory is not a step boundary
@@ -174,6 +175,7 @@ class GRPOTrainer:
             self.tokenizer = load_tokenizer(
                 resolve_model_path(cfg.model.name_or_path), cfg.model.trust_remote_code
             )
+        self.prompts = PromptEncoder.from_config(self.tokenizer, cfg)
         if self.engine is None or self.backend is None:
             self.engine, self.backend, self.choice, self.device = registry.build_pair(cfg, self.tokenizer)
         self._build_sampler()
@@ -211,90 +213,36 @@ class GRPOTrainer:
         return "arithmetic" if self.config.data.task == "arithmetic" else "gsm8k"
 
     def _build_data(self) -> None:
-        from slime_gb10.grpo import data
-
         cfg = self.config.data
-        if cfg.task == "arithmetic":
-            task = data.ArithmeticTask(seed=self.config.train.seed, **cfg.arithmetic)
-            self.eval_examples = list(task.eval_set(cfg.eval_size)) if cfg.eval_size else []
-            source = task
-        else:
-            examples = data.load_prompt_dataset(
-                cfg.path,
-                prompt_key=cfg.prompt_key,
-                answer_key=cfg.answer_key,
-                layout=cfg.layout,
-                limit=cfg.limit,
+        self._train_source, self.eval_examples = load_splits(cfg, self.config.train.seed)
+        if isinstance(self._train_source, list) and not self._train_source:
+            raise DataError(
+                f"no training prompts left in '{cfg.path}' after holding out {cfg.eval_size} for eval"
             )
-            if cfg.eval_size:
-                source, self.eval_examples = data.split_train_eval(
-                    examples, eval_size=cfg.eval_size, seed=self.config.train.seed
-                )
-            else:
-                source, self.eval_examples = examples, []
-            if not source:
-                raise DataError(
-                    f"no training prompts left in '{cfg.path}' after holding out {cfg.eval_size} for eval"
-                )
-        self._train_source = source
-
-    def _drop_long_prompts(self, examples: list, what: str) -> list:
-        """Leave out prompts longer than ``rollout.max_prompt_tokens`` (logged), instead of failing mid-run."""
-        kept = []
-        for example in examples:
-            try:
-                self.prompt_ids(example)
-            except DataError:
-                continue
-            kept.append(example)
-        if len(kept) < len(examples):
-            log.warning(
-                "%d of %d %s prompts are longer than rollout.max_prompt_tokens=%d tokens and were left out",
-                len(examples) - len(kept),
-                len(examples),
-                what,
-                self.config.rollout.max_prompt_tokens,
-            )
-        return kept
 
     def _build_sampler(self) -> None:
         from slime_gb10.grpo import data
 
         source = self._train_source
         if isinstance(source, list):
-            source = self._drop_long_prompts(source, "training")
+            source = self.prompts.drop_long(source, "training")
             if not source:
                 raise DataError(
                     f"every training prompt is longer than rollout.max_prompt_tokens="
                     f"{self.config.rollout.max_prompt_tokens}; raise it"
                 )
-        self.eval_examples = self._drop_long_prompts(self.eval_examples, "eval")
+        self.eval_examples = self.prompts.drop_long(self.eval_examples, "eval")
         self.sampler = data.PromptSampler(
             source, batch_size=self.config.rollout.prompts_per_step, seed=self.config.train.seed
         )
 
     # ------------------------------------------------------------------ helpers
     def prompt_ids(self, example) -> list[int]:
-        key = f"{getattr(example, 'id', '')}\x00{example.prompt}"
-        ids = self._prompt_cache.get(key)
-        if ids is None:
-            from slime_gb10.grpo.data import encode_prompt
-            from slime_gb10.grpo.rewards import prompt_opens_think
-
-            text, ids = encode_prompt(self.tokenizer, example.prompt, self.config.data.system_prompt)
-            self._opens_think[key] = prompt_opens_think(text)
-            if len(ids) > self.config.rollout.max_prompt_tokens:
-                raise DataError(
-                    f"prompt '{getattr(example, 'id', '?')}' has {len(ids)} tokens, more than "
-                    f"rollout.max_prompt_tokens={self.config.rollout.max_prompt_tokens}; raise the limit or filter the data"
-                )
-            self._prompt_cache[key] = ids
-        return ids
+        return self.prompts.ids(example)
 
     def opens_think(self, example) -> bool:
         """Whether ``example``'s formatted prompt ends in an open ``<think>`` (see rewards.as_scored)."""
-        self.prompt_ids(example)
-        return self._opens_think[f"{getattr(example, 'id', '')}\x00{example.prompt}"]
+        return self.prompts.opens_think(example)
 
     def _sampling_params(self, seed: int | None) -> SamplingParams:
         r = self.config.rollout
@@ -347,7 +295,7 @@ class GRPOTrainer:
             )
         if cfg.eval.every and cfg.eval.at_start and self.step == 0 and self.eval_examples:
             start = time.perf_counter()
-            row = {"step": 0, **{f"eval/{k}": v for k, v in self.run_eval().items()}}
+            row = {"step": 0, **{f"eval/{k}": v for k, v in self.run_eval().metrics.items()}}
             row["eval_time_s"] = time.perf_counter() - start
             self.logger.log_step(row)
             log.info("step 0 eval: %s", eval_summary(row))
@@ -377,6 +325,8 @@ class GRPOTrainer:
         finally:
             if progress is not None:
                 progress.close()
+        if cfg.eval.at_end and history and self.eval_examples:
+            self._final_eval()
         if cfg.output.save_final_model:
             from slime_gb10.utils.atomic import atomic_directory
 
@@ -513,7 +463,7 @@ class GRPOTrainer:
             # 6. evaluation
             if cfg.eval.every and step % cfg.eval.every == 0 and self.eval_examples:
                 t2 = time.perf_counter()
-                for key, value in self.run_eval().items():
+                for key, value in self.run_eval().metrics.items():
                     row[f"eval/{key}"] = value
                 row["eval_time_s"] = time.perf_counter() - t2
                 log.info("step %d eval: %s", step, eval_summary(row))
@@ -628,11 +578,14 @@ class GRPOTrainer:
         metrics = {k: v / steps for k, v in sums.items()}
         return metrics, tokens, sum(grad_norms) / steps, sum(losses) / steps
 
-    def run_eval(self) -> dict[str, float]:
+    def run_eval(self, num_prompts: int | str | None = "config"):
+        """Evaluate the current policy on the held-out examples (``eval.num_prompts`` of them, or
+        ``num_prompts``; None: all); an :class:`~slime_gb10.grpo.evaluate.EvalResult`."""
         from slime_gb10.grpo.evaluate import evaluate
 
         cfg = self.config
-        examples = self.eval_examples[: cfg.eval.num_prompts]
+        count = cfg.eval.num_prompts if num_prompts == "config" else num_prompts
+        examples = self.eval_examples[:count]
         self.engine.wake()
         try:
             return evaluate(
@@ -641,15 +594,43 @@ class GRPOTrainer:
                 [str(e.ground_truth) for e in examples],
                 self.reward_fn,
                 opens_think=[self.opens_think(e) for e in examples],
+                ids=[e.id for e in examples],
                 k=cfg.eval.k,
                 temperature=cfg.eval.temperature,
                 max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
                 pass_threshold=cfg.data.pass_threshold,
                 seed=step_seed(cfg.train.seed + 1, self.step),
                 stop=cfg.rollout.stop,
+                batch_size=cfg.eval.batch_size,
             )
         finally:
             self.engine.sleep()
+
+    def _final_eval(self) -> None:
+        """``eval.at_end``: the whole held-out split after the last step -> metrics row + eval_final.json."""
+        from slime_gb10.utils.atomic import atomic_write_text
+
+        start = time.perf_counter()
+        result = self.run_eval(num_prompts=None)
+        row = {"step": self.step, **{f"final_eval/{k}": v for k, v in result.metrics.items()}}
+        row["final_eval_time_s"] = time.perf_counter() - start
+        self.logger.log_step(row)
+        atomic_write_text(
+            self.run_dir / "eval_final.json",
+            json.dumps(
+                {"step": self.step, "metrics": result.metrics, "questions": result.questions}, indent=1
+            )
+            + "\n",
+        )
+        log.info(
+            "final eval on all %d held-out prompts: pass@1 %.4f [%.4f, %.4f], format %.3f (%.0f s)",
+            len(result.questions),
+            result.metrics["pass@1"],
+            result.metrics["pass@1_ci_low"],
+            result.metrics["pass@1_ci_high"],
+            result.metrics["format_rate"],
+            row["final_eval_time_s"],
+        )
 
     def _mfu(
         self, *, prompt_tokens: int, rollout_tokens: int, train_tokens: int, seconds: float

@@ -1,0 +1,118 @@
+"""Prompts as training and evaluation both see them: the splits of ``data``, and their token ids.
+
+- :func:`load_splits`: the training source (a list of examples, or the procedural arithmetic task)
+  and the held-out examples, from a :class:`~slime_gb10.grpo.config.DataConfig`.
+- :class:`PromptEncoder`: a question -> the token ids of the chat-templated prompt (with the
+  configured system prompt and instruction), whether that prompt opens a ``<think>``, and the
+  prompts over ``rollout.max_prompt_tokens`` left out (logged) rather than failing mid-run.
+
+The trainer and ``slime-gb10 eval`` use the same two, so an evaluation scores exactly the prompts
+training sees.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from slime_gb10.grpo import data
+
+log = logging.getLogger("slime_gb10.grpo")
+
+
+class PromptTooLongError(data.DatasetError):
+    """A prompt has more tokens than ``rollout.max_prompt_tokens``."""
+
+
+def load_splits(cfg: Any, seed: int) -> tuple[Any, list[data.PromptExample]]:
+    """``(training source, held-out examples)`` of a ``DataConfig``.
+
+    Held-out examples come from ``cfg.eval_path`` when set, else from a hub dataset's test split,
+    else ``cfg.eval_size`` examples are held out of the training file (none when it is 0).
+    """
+    if cfg.task == "arithmetic":
+        task = data.ArithmeticTask(seed=seed, **cfg.arithmetic)
+        return task, list(task.eval_set(cfg.eval_size)) if cfg.eval_size else []
+    columns = {"prompt_key": cfg.prompt_key, "answer_key": cfg.answer_key, "layout": cfg.layout}
+    examples = data.load_dataset_spec(cfg.path, "train", limit=cfg.limit, **columns)
+    eval_spec = cfg.eval_path or (cfg.path if data.hub_dataset(cfg.path) is not None else None)
+    if eval_spec is not None:
+        return examples, data.load_dataset_spec(eval_spec, "test", **columns)
+    if cfg.eval_size:
+        return data.split_train_eval(examples, eval_size=cfg.eval_size, seed=seed)
+    return examples, []
+
+
+class PromptEncoder:
+    """Token ids of the prompts of one run (cached per example), and the ``<think>`` flag of each."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        system_prompt: str | None,
+        instruction: str | None,
+        max_prompt_tokens: int,
+    ):
+        self.tokenizer = tokenizer
+        self.system_prompt = system_prompt
+        self.instruction = instruction
+        self.max_prompt_tokens = max_prompt_tokens
+        self._ids: dict[str, list[int]] = {}
+        self._opens_think: dict[str, bool] = {}
+
+    @classmethod
+    def from_config(cls, tokenizer: Any, config: Any) -> PromptEncoder:
+        return cls(
+            tokenizer,
+            system_prompt=config.data.system_prompt,
+            instruction=config.data.instruction,
+            max_prompt_tokens=config.rollout.max_prompt_tokens,
+        )
+
+    @staticmethod
+    def _key(example: Any) -> str:
+        return f"{getattr(example, 'id', '')}\x00{example.prompt}"
+
+    def ids(self, example: Any) -> list[int]:
+        """The prompt's token ids; :class:`PromptTooLongError` over ``max_prompt_tokens``."""
+        key = self._key(example)
+        ids = self._ids.get(key)
+        if ids is None:
+            from slime_gb10.grpo.rewards import prompt_opens_think
+
+            text, ids = data.encode_prompt(
+                self.tokenizer, example.prompt, self.system_prompt, self.instruction
+            )
+            self._opens_think[key] = prompt_opens_think(text)
+            if len(ids) > self.max_prompt_tokens:
+                raise PromptTooLongError(
+                    f"prompt '{getattr(example, 'id', '?')}' has {len(ids)} tokens, more than "
+                    f"rollout.max_prompt_tokens={self.max_prompt_tokens}; raise the limit or filter the data"
+                )
+            self._ids[key] = ids
+        return ids
+
+    def opens_think(self, example: Any) -> bool:
+        """Whether the formatted prompt ends in an open ``<think>`` (see ``rewards.as_scored``)."""
+        self.ids(example)
+        return self._opens_think[self._key(example)]
+
+    def drop_long(self, examples: list, what: str) -> list:
+        """``examples`` without those over ``max_prompt_tokens`` (how many were left out is logged)."""
+        kept = []
+        for example in examples:
+            try:
+                self.ids(example)
+            except PromptTooLongError:
+                continue
+            kept.append(example)
+        if len(kept) < len(examples):
+            log.warning(
+                "%d of %d %s prompts are longer than rollout.max_prompt_tokens=%d tokens and were left out",
+                len(examples) - len(kept),
+                len(examples),
+                what,
+                self.max_prompt_tokens,
+            )
+        return kept

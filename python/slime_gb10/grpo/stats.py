@@ -1,0 +1,74 @@
+"""The statistics of an evaluation: a binomial confidence interval and a paired test.
+
+- :func:`wilson_interval`: Wilson's score interval for a proportion (Wilson 1927), the interval that
+  keeps its coverage near 0 and 1, where a 2% pass@1 lives (the normal approximation would give a
+  negative lower bound).
+- :func:`mcnemar_exact`: McNemar's exact test for two evaluations of the same questions: only the
+  discordant questions (right before and wrong after, or the reverse) carry information; under "no
+  change" each is either kind with probability 1/2, so the two-sided p-value is a binomial tail.
+
+Written here (a dozen lines) rather than taken from scipy/statsmodels, which are not dependencies of
+the package; the tests check both against hand-computed values and against scipy where installed.
+"""
+
+from __future__ import annotations
+
+import math
+
+Z_95 = 1.959963984540054  # the 97.5% quantile of the standard normal
+
+
+def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, float]:
+    """``(low, high)``: Wilson's score interval for ``successes`` out of ``n`` (95% by default)."""
+    if n <= 0 or not 0 <= successes <= n:
+        raise ValueError(f"wilson_interval needs 0 <= successes <= n and n > 0, got {successes}/{n}")
+    p = successes / n
+    denominator = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denominator
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def mcnemar_exact(only_first: int, only_second: int) -> float:
+    """Two-sided exact McNemar p-value from the discordant counts.
+
+    ``only_first``: questions the first evaluation got right and the second wrong; ``only_second``:
+    the reverse. ``p = min(1, 2 * P(X <= min(b, c)))`` with ``X ~ Binomial(b + c, 1/2)``; 1.0 when
+    there are no discordant questions.
+    """
+    if only_first < 0 or only_second < 0:
+        raise ValueError(f"discordant counts must be >= 0, got {only_first} and {only_second}")
+    n = only_first + only_second
+    if n == 0:
+        return 1.0
+    k = min(only_first, only_second)
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+def compare_evaluations(first: dict, second: dict) -> dict:
+    """Paired comparison of two ``slime-gb10 eval --output`` files on the questions both answered.
+
+    Questions are matched by id; returns the counts, both pass@1 on the shared questions, their
+    difference and McNemar's exact p-value.
+    """
+    a = {q["id"]: bool(q["correct"]) for q in first["questions"]}
+    b = {q["id"]: bool(q["correct"]) for q in second["questions"]}
+    shared = [i for i in a if i in b]
+    if not shared:
+        raise ValueError("the two evaluations share no question ids: they are not of the same questions")
+    both = sum(a[i] and b[i] for i in shared)
+    only_first = sum(a[i] and not b[i] for i in shared)
+    only_second = sum(b[i] and not a[i] for i in shared)
+    n = len(shared)
+    return {
+        "questions": n,
+        "both_right": both,
+        "only_first_right": only_first,
+        "only_second_right": only_second,
+        "both_wrong": n - both - only_first - only_second,
+        "pass@1_first": (both + only_first) / n,
+        "pass@1_second": (both + only_second) / n,
+        "difference": (only_second - only_first) / n,
+        "mcnemar_p": mcnemar_exact(only_first, only_second),
+    }

@@ -1,0 +1,74 @@
+"""Wilson interval and McNemar's exact test against hand-computed values (and scipy where installed)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from slime_gb10.grpo.stats import compare_evaluations, mcnemar_exact, wilson_interval
+
+
+def test_wilson_interval_hand_computed():
+    # 0 of 10: low 0, high z^2 / (n + z^2) = 3.8415 / 13.8415
+    z2 = 1.959963984540054**2
+    low, high = wilson_interval(0, 10)
+    assert low == 0.0 and high == pytest.approx(z2 / (10 + z2), rel=1e-12)
+    # 5 of 10: symmetric around 0.5, half-width z*sqrt(0.025 + z^2/400)/(1 + z^2/10)
+    low, high = wilson_interval(5, 10)
+    half = 1.959963984540054 * math.sqrt(0.025 + z2 / 400) / (1 + z2 / 10)
+    assert (low, high) == (pytest.approx(0.5 - half), pytest.approx(0.5 + half))
+    assert (round(low, 4), round(high, 4)) == (0.2366, 0.7634)  # the textbook value
+    # slime's starting point on GSM8K: 575 of 1,319 (43.59%)
+    low, high = wilson_interval(575, 1319)
+    assert (round(low, 4), round(high, 4)) == (
+        0.4094,
+        0.4628,
+    )  # by hand: centre 0.436126, half-width 0.026723
+    with pytest.raises(ValueError):
+        wilson_interval(3, 2)
+    with pytest.raises(ValueError):
+        wilson_interval(0, 0)
+
+
+def test_wilson_interval_matches_scipy():
+    stats = pytest.importorskip("scipy.stats", reason="scipy as a second implementation")
+    for k, n in [(0, 5), (1, 7), (28, 1318), (661, 1319), (40, 40)]:
+        ci = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
+        assert wilson_interval(k, n) == (pytest.approx(ci.low, abs=1e-12), pytest.approx(ci.high, abs=1e-12))
+
+
+def test_mcnemar_exact_hand_computed():
+    assert mcnemar_exact(0, 0) == 1.0
+    # b=0, c=5: 2 * (1/32) = 0.0625
+    assert mcnemar_exact(0, 5) == pytest.approx(0.0625)
+    # b=1, c=9: 2 * (1 + 10) / 1024
+    assert mcnemar_exact(1, 9) == pytest.approx(22 / 1024)
+    assert mcnemar_exact(9, 1) == mcnemar_exact(1, 9)
+    assert mcnemar_exact(5, 5) == 1.0  # 2 * P(X <= 5) > 1: capped
+    with pytest.raises(ValueError):
+        mcnemar_exact(-1, 2)
+
+
+def test_mcnemar_matches_scipy_binomtest():
+    stats = pytest.importorskip("scipy.stats", reason="scipy as a second implementation")
+    for b, c in [(3, 17), (40, 61), (12, 12), (0, 9)]:
+        assert mcnemar_exact(b, c) == pytest.approx(stats.binomtest(b, b + c, 0.5).pvalue, rel=1e-9)
+
+
+def test_compare_evaluations_pairs_by_id():
+    first = {"questions": [{"id": i, "correct": c} for i, c in zip("abcdef", [1, 1, 0, 0, 1, 0])]}
+    second = {"questions": [{"id": i, "correct": c} for i, c in zip("fedcbaz", [1, 1, 1, 1, 0, 1, 1])]}
+    # paired on a..f: a 1/1, b 1/0, c 0/1, d 0/1, e 1/1, f 0/1 ("z" only in the second: ignored)
+    got = compare_evaluations(first, second)
+    assert got["questions"] == 6
+    assert (got["both_right"], got["only_first_right"], got["only_second_right"], got["both_wrong"]) == (
+        2,
+        1,
+        3,
+        0,
+    )
+    assert got["pass@1_first"] == pytest.approx(3 / 6) and got["pass@1_second"] == pytest.approx(5 / 6)
+    assert got["mcnemar_p"] == pytest.approx(2 * (1 + 4) / 16)
+    with pytest.raises(ValueError, match="share no question"):
+        compare_evaluations(first, {"questions": [{"id": "q", "correct": 1}]})
