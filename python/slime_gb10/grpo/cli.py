@@ -276,9 +276,7 @@ def _num_prompts(value: str | None) -> int | str | None:
         raise click.BadParameter(
             f"{value!r} is neither a number nor 'all'", param_hint="--num-prompts"
         ) from None
-    if n < 1:
-        raise click.BadParameter("must be at least 1 (or 'all')", param_hint="--num-prompts")
-    return n
+    return n  # below 1: the config says so, naming eval.num_prompts
 
 
 @click.command("eval")
