@@ -110,7 +110,10 @@ def _config_from_cli(
 def _common_options(func):
     options = [
         click.option(
-            "--config", "config_file", type=click.Path(dir_okay=False), help="YAML/JSON config file."
+            "--config",
+            "config_file",
+            type=click.Path(dir_okay=False),
+            help="YAML/JSON config file, or a recipe name (gsm8k-smollm2-135m, gsm8k-qwen2.5-0.5b-gb10).",
         ),
         click.option(
             "--set",

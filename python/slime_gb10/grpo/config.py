@@ -258,11 +258,23 @@ def format_validation_error(exc: ValidationError) -> str:
     return "invalid configuration:\n  " + "\n  ".join(lines)
 
 
+RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+
+
+def recipes() -> list[str]:
+    """The names of the recipes shipped with the package (``--config NAME``)."""
+    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+
+
 def load_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a YAML or JSON config file into a dict; errors name the file."""
+    """Read a YAML or JSON config file, or a shipped recipe by name, into a dict; errors name the file."""
     p = Path(path)
+    if not p.is_file() and (RECIPES_DIR / f"{path}.yaml").is_file():
+        p = RECIPES_DIR / f"{path}.yaml"
     if not p.is_file():
-        raise ConfigError(f"config file '{p}' does not exist (pass an existing YAML/JSON file to --config)")
+        raise ConfigError(
+            f"config file '{p}' does not exist: pass a YAML/JSON file, or a recipe name ({', '.join(recipes())})"
+        )
     text = p.read_text(encoding="utf-8")
     try:
         data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
