@@ -36,12 +36,19 @@ if before and after:
         f"({100 * c['difference']:+.2f} pp); only before {c['only_first_right']}, only after "
         f"{c['only_second_right']}; McNemar exact p = {c['mcnemar_p']:.3g}"
     )
-for label, run in (("GSM8K run (SmolLM2-135M)", out / "run"), ("recipe shape (Qwen2.5-0.5B arch, random)", out / "shape")):
+for label, run in (
+    ("GSM8K run (SmolLM2-135M)", out / "run"),
+    ("recipe shape (Qwen2.5-0.5B arch, random)", out / "shape"),
+):
     steps = [r for r in rows(run / "metrics.jsonl") if "step_time_s" in r]
     if not steps:
         continue
     tail = steps[1:] or steps  # the first step compiles and captures graphs
-    mean = lambda k: sum(r.get(k, 0.0) for r in tail) / len(tail)  # noqa: E731
+
+    def mean(key, tail=tail):  # over the steps that have it (nothing trained: train tok/s is None)
+        values = [r[key] for r in tail if r.get(key) is not None]
+        return sum(values) / len(values) if values else float("nan")
+
     print(
         f"\n{label}: {len(steps)} steps; mean over steps 2..: {mean('step_time_s'):.2f} s/step, rollout "
         f"{mean('rollout_time_s'):.2f} s, train {mean('train_time_s'):.2f} s, rollout tok/s "
