@@ -87,3 +87,35 @@ def test_a_wrong_layout_is_a_clear_error(hub_layout, tmp_path):
         data.examples_from_records([{"q": "x", "a": "1"}], "hub split", "s")
     with pytest.raises(data.DatasetError, match="names no repository"):
         data.hub_dataset("hf:")
+
+
+def test_easy_first_starts_with_the_shortest_reference_solutions(gsm8k_dir):
+    """The curriculum is measured on the training file alone: the first batches are the questions
+    whose reference solutions (the text before ####) are shortest, computed here from the raw lines."""
+    train = data.load_prompt_dataset(gsm8k_dir / "train.jsonl")
+    raw = [json.loads(line) for line in (gsm8k_dir / "train.jsonl").read_text().splitlines()]
+    lengths = [len(r["answer"].rsplit("####", 1)[0].strip()) for r in raw]
+    assert [e.difficulty for e in train[:5]] == lengths[:5]
+    sampler = data.PromptSampler(train, batch_size=16, seed=3, order="easy_first")
+    first = sampler.next_batch() + sampler.next_batch()
+    shortest = sorted(lengths)[:32]
+    assert sorted(e.difficulty for e in first) == shortest
+    assert [e.difficulty for e in first] == sorted(e.difficulty for e in first)  # in increasing order
+    # resumable mid-epoch like the shuffled order
+    state = sampler.state_dict()
+    ahead = [e.id for e in sampler.next_batch()]
+    again = data.PromptSampler(train, batch_size=16, seed=3, order="easy_first")
+    again.load_state_dict(state)
+    assert [e.id for e in again.next_batch()] == ahead
+    # later epochs are shuffled again
+    tiny = data.PromptSampler(train[:6], batch_size=6, seed=0, order="easy_first")
+    epoch0, epoch1 = tiny.next_batch(), tiny.next_batch()
+    assert [e.difficulty for e in epoch0] == sorted(e.difficulty for e in train[:6])
+    assert sorted(e.id for e in epoch1) == sorted(e.id for e in epoch0)
+
+
+def test_easy_first_needs_a_difficulty(tmp_path):
+    f = tmp_path / "generic.jsonl"
+    f.write_text(json.dumps({"prompt": "2+2?", "ground_truth": "4"}) + "\n")
+    with pytest.raises(data.DatasetError, match="easy_first needs a difficulty"):
+        data.PromptSampler(data.load_prompt_dataset(f), batch_size=1, order="easy_first")

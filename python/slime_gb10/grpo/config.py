@@ -52,6 +52,9 @@ class DataConfig(_Section):
     answer_key: str | None = None  # None: "answer" (gsm8k layout) / "ground_truth" (generic)
     layout: Literal["auto", "gsm8k", "generic"] = "auto"  # see data.load_prompt_dataset
     limit: int | None = Field(default=None, ge=1)
+    # Training order: "shuffle" (seeded, every epoch), or "easy_first" (the first epoch from the
+    # shortest GSM8K reference solution up: a curriculum from the training data alone).
+    order: Literal["shuffle", "easy_first"] = "shuffle"
     eval_size: int = Field(default=64, ge=0)  # held-out prompts (arithmetic: a fixed eval set)
     system_prompt: str | None = None
     # Appended to each question (slime's GSM8K recipe asks for \boxed{}; None: the question alone).

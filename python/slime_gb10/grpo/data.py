@@ -41,6 +41,9 @@ class PromptExample:
     prompt: str
     ground_truth: str
     id: str
+    # How hard the example looks from the training data alone (GSM8K: the length in characters of
+    # the reference solution); None where the layout has no such measure. Orders data.order=easy_first.
+    difficulty: float | None = None
 
 
 # --- files -------------------------------------------------------------------------------------
@@ -257,7 +260,10 @@ def examples_from_records(
                 raise DatasetError(f"{where}: empty ground truth in column {a_key!r}")
             truth = answer.strip() if isinstance(answer, str) else json.dumps(answer)
         example_id = str(record["id"]) if record.get("id") is not None else f"{stem}-{row}"
-        examples.append(PromptExample(prompt=prompt, ground_truth=truth, id=example_id))
+        difficulty = float(len(answer.rsplit("####", 1)[0].strip())) if layout == "gsm8k" else None
+        examples.append(
+            PromptExample(prompt=prompt, ground_truth=truth, id=example_id, difficulty=difficulty)
+        )
     return examples
 
 
@@ -536,10 +542,16 @@ class PromptSampler:
     For a list, epoch ``e`` visits the examples in the order of ``random.Random(f"{seed}:{e}")``'s
     shuffle; a batch that crosses the end of an epoch continues into the next one. The state
     (epoch, position in the epoch) restores the exact stream, mid-epoch included.
+    ``order="easy_first"``: the first epoch goes from the lowest ``difficulty`` up (ties in the
+    seeded shuffle's order), a curriculum measured on the training data only; later epochs shuffle.
     """
 
     def __init__(
-        self, examples_or_task: Sequence[PromptExample] | ArithmeticTask, batch_size: int, seed: int = 0
+        self,
+        examples_or_task: Sequence[PromptExample] | ArithmeticTask,
+        batch_size: int,
+        seed: int = 0,
+        order: Literal["shuffle", "easy_first"] = "shuffle",
     ):
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -553,6 +565,14 @@ class PromptSampler:
             self.examples = list(examples_or_task)
             if not self.examples:
                 raise ValueError("PromptSampler needs at least one example")
+        if order not in ("shuffle", "easy_first"):
+            raise DatasetError(f"unknown data order {order!r}; choose shuffle or easy_first")
+        if order == "easy_first" and any(e.difficulty is None for e in self.examples):
+            raise DatasetError(
+                "data.order=easy_first needs a difficulty for every training example (the GSM8K layout "
+                "measures it: the reference solution's length); this dataset has none"
+            )
+        self.order = order
         self.epoch = 0
         self.index = 0  # position inside the current epoch's order
         self._order: list[int] | None = None
@@ -561,6 +581,8 @@ class PromptSampler:
         if self._order is None:
             order = list(range(len(self.examples)))
             random.Random(f"{self.seed}:{self.epoch}").shuffle(order)
+            if self.order == "easy_first" and self.epoch == 0:
+                order.sort(key=lambda i: self.examples[i].difficulty)  # stable: ties keep the shuffle
             self._order = order
         return self._order
 

@@ -233,7 +233,10 @@ class GRPOTrainer:
                 )
         self.eval_examples = self.prompts.drop_long(self.eval_examples, "eval")
         self.sampler = data.PromptSampler(
-            source, batch_size=self.config.rollout.prompts_per_step, seed=self.config.train.seed
+            source,
+            batch_size=self.config.rollout.prompts_per_step,
+            seed=self.config.train.seed,
+            order=self.config.data.order,
         )
 
     # ------------------------------------------------------------------ helpers
