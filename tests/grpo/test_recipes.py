@@ -23,4 +23,4 @@ def test_the_gb10_recipe_is_slimes_run():
 
 def test_flags_override_a_recipe():
     c = build_config("gsm8k-smollm2-135m", {"train.steps": 3}, ["data.path=/data/train.jsonl"])
-    assert c.train.steps == 3 and c.data.path == "/data/train.jsonl" and c.rollout.group_size == 8
+    assert c.train.steps == 3 and c.data.path == "/data/train.jsonl" and c.rollout.group_size == 16
