@@ -26,12 +26,12 @@ if [ "${PHASE:-1}" = 1 ]; then
 else
   t=$SECONDS; cli eval "${EVAL[@]}" --model "$OUT/run/final_model" --output "$OUT/after.json" > "$OUT/after.log" 2>&1
   echo "after-eval wall $((SECONDS - t)) s"; tail -9 "$OUT/after.log"
-  python3 benchmarks/gsm8k/make_qwen_shape.py /tmp/qwen-shape /tmp/cache/smollm2-135m-instruct
+  [ -n "${SKIP_SHAPE:-}" ] || { python3 benchmarks/gsm8k/make_qwen_shape.py /tmp/qwen-shape /tmp/cache/smollm2-135m-instruct
   cli train --model /tmp/qwen-shape --data "$D/train.jsonl" --set data.eval_size=0 --output "$OUT/shape" \
     --overwrite --no-progress --device cuda --steps "${SHAPE_STEPS:-4}" --prompts-per-step 20 --group-size 8 \
     --max-new-tokens 1024 --lr 1e-6 --eval-every 0 --set rollout.max_prompt_tokens=512 \
     --set output.save_final_model=false --set data.reward=gsm8k --set train.micro_batch_size=32 \
-    --rollout torch --trainer torch > "$OUT/shape.log" 2>&1; tail -3 "$OUT/shape.log"
+    --rollout torch --trainer torch > "$OUT/shape.log" 2>&1; tail -3 "$OUT/shape.log"; }
   python3 benchmarks/gsm8k/summarize.py "$OUT" | tee "$OUT/table.md"
 fi
 cp -r "$OUT"/*.json "$OUT"/*.log "$OUT"/run/metrics.jsonl "$OUT"/run/curves.png "$OUT"/run/eval_final.json "${OUT_DIR:-$OUT}" 2>/dev/null
