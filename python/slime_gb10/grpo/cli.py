@@ -365,7 +365,7 @@ def eval_command(
 def run_eval(config: GRPOConfig):
     """Evaluate ``config.model`` on the held-out split of ``config.data``: an ``EvalResult``."""
     from slime_gb10.grpo import registry
-    from slime_gb10.grpo.evaluate import evaluate
+    from slime_gb10.grpo.evaluate import evaluate_examples
     from slime_gb10.grpo.models import load_tokenizer, resolve_model_path
     from slime_gb10.grpo.prompts import PromptEncoder, load_splits
     from slime_gb10.grpo.rewards import get_reward
@@ -387,21 +387,7 @@ def run_eval(config: GRPOConfig):
     log.info("eval of %d prompts with the %s rollout engine on %s", len(examples), engine_name, device)
     engine = registry.build_engine(engine_name, config, tokenizer, device)
     try:
-        return evaluate(
-            engine,
-            [prompts.ids(e) for e in examples],
-            [str(e.ground_truth) for e in examples],
-            reward_fn,
-            opens_think=[prompts.opens_think(e) for e in examples],
-            ids=[e.id for e in examples],
-            k=config.eval.k,
-            temperature=config.eval.temperature,
-            max_new_tokens=config.eval.max_new_tokens or config.rollout.max_new_tokens,
-            pass_threshold=config.data.pass_threshold,
-            seed=config.train.seed,
-            stop=config.rollout.stop,
-            batch_size=config.eval.batch_size,
-        )
+        return evaluate_examples(engine, prompts, examples, reward_fn, config, seed=config.train.seed)
     finally:
         engine.shutdown()
 

@@ -140,3 +140,26 @@ def evaluate(
         metrics[f"pass@{k}"] = sum(scores) / len(scores)
         metrics["sampled_pass_rate"] = sum(r >= pass_threshold for r in rewards) / len(rewards)
     return EvalResult(metrics, questions)
+
+
+def evaluate_examples(
+    engine: RolloutEngine, prompts, examples: Sequence, reward_fn, config, *, seed: int
+) -> EvalResult:
+    """:func:`evaluate` on held-out ``examples`` with a run's settings (``config.eval``, ``.data``,
+    ``.rollout``); ``prompts`` is the run's ``prompts.PromptEncoder``. Training and ``slime-gb10 eval``
+    both evaluate through here."""
+    return evaluate(
+        engine,
+        [prompts.ids(e) for e in examples],
+        [str(e.ground_truth) for e in examples],
+        reward_fn,
+        opens_think=[prompts.opens_think(e) for e in examples],
+        ids=[e.id for e in examples],
+        k=config.eval.k,
+        temperature=config.eval.temperature,
+        max_new_tokens=config.eval.max_new_tokens or config.rollout.max_new_tokens,
+        pass_threshold=config.data.pass_threshold,
+        seed=seed,
+        stop=config.rollout.stop,
+        batch_size=config.eval.batch_size,
+    )

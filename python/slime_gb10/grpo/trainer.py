@@ -584,27 +584,19 @@ class GRPOTrainer:
     def run_eval(self, num_prompts: int | str | None = "config"):
         """Evaluate the current policy on the held-out examples (``eval.num_prompts`` of them, or
         ``num_prompts``; None: all); an :class:`~slime_gb10.grpo.evaluate.EvalResult`."""
-        from slime_gb10.grpo.evaluate import evaluate
+        from slime_gb10.grpo.evaluate import evaluate_examples
 
         cfg = self.config
         count = cfg.eval.num_prompts if num_prompts == "config" else num_prompts
-        examples = self.eval_examples[:count]
         self.engine.wake()
         try:
-            return evaluate(
+            return evaluate_examples(
                 self.engine,
-                [self.prompt_ids(e) for e in examples],
-                [str(e.ground_truth) for e in examples],
+                self.prompts,
+                self.eval_examples[:count],
                 self.reward_fn,
-                opens_think=[self.opens_think(e) for e in examples],
-                ids=[e.id for e in examples],
-                k=cfg.eval.k,
-                temperature=cfg.eval.temperature,
-                max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-                pass_threshold=cfg.data.pass_threshold,
+                cfg,
                 seed=step_seed(cfg.train.seed + 1, self.step),
-                stop=cfg.rollout.stop,
-                batch_size=cfg.eval.batch_size,
             )
         finally:
             self.engine.sleep()
