@@ -16,7 +16,6 @@ from slime_gb10.grpo.algo import (
     grpo_loss,
     kl_k3,
     masked_mean,
-    overlong_mask,
     truncated_importance_weights,
     zero_variance_groups,
 )
@@ -183,14 +182,6 @@ def test_tis_weights_cap_and_detach():
     close(truncated_importance_weights(old, rollout, cap=5.0)[0], 3.0)
     with pytest.raises(ValueError):
         truncated_importance_weights(old, rollout, cap=0.0)
-
-
-def test_overlong_mask():
-    mask = torch.ones(3, 2)
-    out = overlong_mask(torch.tensor([False, True, False]), mask)
-    assert out.tolist() == [[1, 1], [0, 0], [1, 1]]
-    with pytest.raises(ValueError):
-        overlong_mask(torch.tensor([True]), mask)
 
 
 def test_masked_mean():

@@ -214,21 +214,6 @@ def truncated_importance_weights(
     return torch.exp(old_logprobs - rollout_logprobs).clamp(max=cap).detach()
 
 
-def overlong_mask(truncated: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
-    """Zero the mask of truncated completions (DAPO's overlong filtering, Yu et al. 2025, sec. 3.4).
-
-    ``truncated`` is ``BoolTensor[B]`` (hit ``max_new_tokens`` without an end), ``completion_mask``
-    ``[B, T]``; a completion cut off by the budget has no final answer, and its reward would
-    punish length rather than reasoning, so its tokens are dropped from the loss.
-    """
-    if truncated.dim() != 1 or truncated.shape[0] != completion_mask.shape[0]:
-        raise ValueError(
-            f"truncated {tuple(truncated.shape)} must be [B] for completion_mask {tuple(completion_mask.shape)}"
-        )
-    keep = (~truncated.bool()).to(completion_mask.dtype).unsqueeze(1)
-    return completion_mask * keep
-
-
 def grpo_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,

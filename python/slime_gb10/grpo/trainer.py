@@ -389,6 +389,8 @@ class GRPOTrainer:
                 advantage=float(advantages[i]),
                 reward=rewards[i],
                 truncated=g.truncated,
+                # DAPO's overlong filtering (Yu et al. 2025, sec. 3.4): a completion cut at the
+                # budget has no final answer; its reward would punish length, not reasoning
                 train=not (cfg.algo.mask_truncated and g.truncated),
             )
             for i, g in enumerate(generations)
@@ -644,16 +646,6 @@ class GRPOTrainer:
             return float(mfu(flops / seconds, peaks, precision="bf16"))
         except Exception:  # platform helpers missing or no peak known for this GPU
             return None
-
-
-def train(config: GRPOConfig, resume: bool = False) -> list[dict]:
-    """Build everything from ``config`` and run; the CLI's entry point."""
-    trainer = GRPOTrainer(config)
-    try:
-        trainer.setup(resume=resume)
-        return trainer.train()
-    finally:
-        trainer.close()
 
 
 def _has_reference_model(backend) -> bool:

@@ -97,11 +97,6 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         fh.write(text)
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    with atomic_open(path, "wb") as fh:
-        fh.write(data)
-
-
 @contextlib.contextmanager
 def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     """Build a directory under a temporary name; on success it takes ``path``'s place.
