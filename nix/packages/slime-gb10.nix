@@ -58,6 +58,7 @@ buildPythonPackage {
         || file.hasExt "json"
         || file.hasExt "yaml"
         || file.hasExt "cu" # kernel and compile-check sources shipped as package data
+        || file.hasExt "cuh"
         || file.name == "py.typed"
       ) (src + "/python"))
     ];
