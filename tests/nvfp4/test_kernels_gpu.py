@@ -663,7 +663,7 @@ def test_w4a16_linear_takes_the_wgmma_kernel_from_33_to_2048_tokens(kernels, mon
 def test_wgmma_plan_counts_only_the_waves_the_device_holds(kernels):
     """``plan`` counts a wave of (1, 64) blocks as ``BLOCKS_PER_SM`` of them per SM, and one of
     clusters of 4 blocks that take an SM each as ``CLUSTER4_SM_SHARE`` of the SMs (the H100 SXM: 30
-    clusters, NOTES.md v19-v20). The driver's occupancy query on this device must find at least that
+    clusters, docs/nvfp4-notes.md v19-v20). The driver's occupancy query on this device must find at least that
     much room at once, or the plan would count on waves that do not fit; and no more than one such
     (1, 128) block per SM, or the share would undercount."""
     import ctypes

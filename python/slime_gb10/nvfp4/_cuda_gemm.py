@@ -2,7 +2,7 @@
 
 :mod:`~slime_gb10.nvfp4._cuda_w4a16` streams the weights for M <= 32: it decodes every weight once
 per 8-32 tokens and stages the activations next to the codes, which stops paying above 32 tokens
-(NOTES.md). This kernel is GEMM-shaped, in the manner of Marlin (Frantar et al., 2024), with
+(docs/nvfp4-notes.md). This kernel is GEMM-shaped, in the manner of Marlin (Frantar et al., 2024), with
 ModelOpt's bytes as they are (no re-laid-out copy of the weights):
 
 * A block computes ``BN`` weight rows x ``BM`` tokens of ``out = x @ W^T`` over its K range, in
@@ -20,12 +20,12 @@ ModelOpt's bytes as they are (no re-laid-out copy of the weights):
   of the other kernels); the FP32 result is multiplied by ``global_scale * 2**7``.
 * Split-K over a thread-block cluster (``CLUSTER`` blocks, sm_90+), reduced through DSMEM in a fixed
   order (deterministic): on clusters of 2-4 every block pushes its partials into the shared memory
-  of the block that sums them, on clusters of 8 the summing block pulls them (``PUSH``; NOTES.md
+  of the block that sums them, on clusters of 8 the summing block pulls them (``PUSH``; docs/nvfp4-notes.md
   v17); each block writes its share of the rows as BF16 (+ bias).
 
 Tokens beyond M are zero-filled by cp.async (never read from ``x``). Requires whole blocks of rows
 (N % 64 for the tilings :func:`plan` picks), K % 128 == 0 and at least one 128-wide step per block of
-a cluster (:func:`valid`). Measured on the H100 against the other kernels: NOTES.md, BENCHMARKS.md.
+a cluster (:func:`valid`). Measured on the H100 against the other kernels: docs/nvfp4-notes.md, BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def plan(M: int, N: int, K: int, sm_count: int) -> GemmPlan | None:
     """The tiling for ``[M, K] x [N, K]^T``, or None where the kernel does not tile it (N % 64,
     K % 128).
 
-    Fitted to sweeps of 92 tilings on the H100 (NOTES.md; GB10's 48 SMs are not measured): blocks of
+    Fitted to sweeps of 92 tilings on the H100 (docs/nvfp4-notes.md; GB10's 48 SMs are not measured): blocks of
     4 warps, 16 weight rows each (64 rows per block), a 4-stage pipeline; 32 tokens per block (one
     warp's 4 token tiles) up to M = 32 and where the blocks of 64 rows x 32 tokens fit in one wave of
     the SMs, else 64 tokens (fewer blocks re-read fewer activations); then the largest cluster (K split) that keeps the

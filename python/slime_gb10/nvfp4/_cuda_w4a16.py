@@ -2,13 +2,13 @@
 
 The automatic choice (``kernels.w4a16_matmul``) takes this weight-streaming kernel up to M = 16
 (M = 9..16 only where N >= K or N >= 4096); above, and on the smaller K > N layers from M = 9, the
-GEMM-shaped kernel of :mod:`~slime_gb10.nvfp4._cuda_gemm` is faster (NOTES.md, sessions 7 and 10).
+GEMM-shaped kernel of :mod:`~slime_gb10.nvfp4._cuda_gemm` is faster (docs/nvfp4-notes.md, sessions 7 and 10).
 Both are reachable with ``engine=``.
 
 Why not Triton here: the Triton kernel (``_triton_kernels.w4a16_kernel``) decodes as few instructions
 per weight as this one, but the K loop Triton generates around ``tl.dot`` stays latency bound (staged
 codes read back from shared memory with bank conflicts, barriers, few warps): 1.1-1.3x of BF16 at
-best on an H100 (NOTES.md). This kernel controls the layout and the memory pipeline itself:
+best on an H100 (docs/nvfp4-notes.md). This kernel controls the layout and the memory pipeline itself:
 
 * The weights are the MMA's A operand (``mma.m16n8k16``: 16 weight rows x 8 tokens), so M <= 8 pads
   to 8 tokens, not 16; larger M takes up to 4 token tiles, each decoded weight register feeding one
@@ -16,7 +16,7 @@ best on an H100 (NOTES.md). This kernel controls the layout and the memory pipel
   bytes of codes (32 codes) of rows g, g+8, g+16 and g+24 per 128-wide K segment.
 * The code loads of ``DEPTH`` segments are in flight per warp (a ring of registers, fully unrolled),
   or of ``STAGES - 1`` through a cp.async ring in shared memory, whose copies fetch whole 128-byte
-  L2 lines where a warp streams many segments (``Plan.line``, NOTES.md v17); the first ones are
+  L2 lines where a warp streams many segments (``Plan.line``, docs/nvfp4-notes.md v17); the first ones are
   issued before the activations are staged, so the two latencies overlap.
 * Each 32-bit word of codes becomes four BF16x2 registers with the inline-PTX pair decoder of the
   Triton kernel (codes ``j`` and ``j + 4`` share a register). K is permuted consistently: word ``j``
@@ -28,16 +28,16 @@ best on an H100 (NOTES.md). This kernel controls the layout and the memory pipel
   result is multiplied by ``global_scale * 2**7``.
 * A block has 4, 8 or 16 warps (``WARPS``). For M <= 8 the plan prefers 8-16 warps on 16-64 rows
   (more loads in flight per SM from the first moment, fewer blocks staging the same activations):
-  1.2-1.4x faster than 4-warp blocks at M = 1 on 4096 x 4096 and smaller layers (NOTES.md v15).
+  1.2-1.4x faster than 4-warp blocks at M = 1 on 4096 x 4096 and smaller layers (docs/nvfp4-notes.md v15).
   For M = 9..16, 8 warps on 32-256 rows: the 16 staged tokens are shared by more weight rows
-  (NOTES.md v16).
+  (docs/nvfp4-notes.md v16).
 * Split-K has two levels, both reduced in shared memory in a fixed order (deterministic, no global
   partials, no counters): ``WARPS / RW`` warps of a block share rows and split the block's K range, and
   ``CLUSTER`` blocks of a thread-block cluster (sm_90+) split K further; each block sums its share of
   the rows and writes BF16 (+ bias). Blocks of 8-16 warps, or of one K-warp per row set, push their
   partials into the summing block's shared memory (DSMEM stores, then one cluster barrier); 4-warp
   blocks whose K-warps share rows keep theirs and the summing block pulls them (DSMEM loads between
-  two cluster barriers). Each was the faster on those tilings (NOTES.md v17).
+  two cluster barriers). Each was the faster on those tilings (docs/nvfp4-notes.md v17).
 
 Rows of ``x`` beyond M are zeros in shared memory (never loaded from ``x``). Requires N % 32 == 0 and
 K % 128 == 0; :func:`plan` picks the tiling. Measured on the H100: BENCHMARKS.md.
@@ -288,7 +288,7 @@ def valid(p: Plan, M: int, N: int, K: int) -> bool:
     )
 
 
-MAX_M = 32  # above, the activations staged per block outweigh the codes it streams (NOTES.md)
+MAX_M = 32  # above, the activations staged per block outweigh the codes it streams (docs/nvfp4-notes.md)
 
 
 def plan(M: int, N: int, K: int, sm_count: int) -> Plan | None:
@@ -296,7 +296,7 @@ def plan(M: int, N: int, K: int, sm_count: int) -> Plan | None:
     N % 32, K % 128, or nothing fits in shared memory): for M <= 8 the wide-block tiling
     (:func:`wide_block_plan`), for M = 9..16 the two-tile one (:func:`two_tile_plan`), where it is
     valid and fits in 64 KB of shared memory; else the four-warp one (:func:`four_warp_plan`). All
-    are rules fitted to sweeps of every tiling on the H100 (NOTES.md); GB10's 48 SMs are not
+    are rules fitted to sweeps of every tiling on the H100 (docs/nvfp4-notes.md); GB10's 48 SMs are not
     measured."""
     if not 0 < M <= MAX_M or N % 32 or K % 128:
         return None
@@ -321,7 +321,7 @@ def four_warp_plan(M: int, N: int, K: int, sm_count: int) -> Plan | None:
       (every window costs the block a barrier and a wait on its loads);
     * ``line``: the ring's copies fetch whole 128-byte lines into the L2 where a warp streams at
       least 8 segments and the activations are staged once: the rest of the line is then the warp's
-      own next segment. H100, session 11 (NOTES.md v17), against the same tilings without it:
+      own next segment. H100, session 11 (docs/nvfp4-notes.md v17), against the same tilings without it:
       0.87x of the time on 27648 x 5120 at M = 1..4 (40 segments a warp), 0.95x on 4096 x 11008 at
       M = 8 (11), 1.01x on 4096 x 14336 at M = 8 (14); with 3-5 segments a warp it cost 2-7%
       (8960 x 1536, 5120 x 5120, 1536 x 8960 at M = 1..8), with windows 0.98-1.03x.
@@ -352,7 +352,7 @@ def four_warp_plan(M: int, N: int, K: int, sm_count: int) -> Plan | None:
 
 
 def wide_block_plan(M: int, N: int, K: int, sm_count: int) -> Plan | None:
-    """The M <= 8 tiling of 8-16 warps per block on 16-64 rows (session 9 sweep, NOTES.md), or None.
+    """The M <= 8 tiling of 8-16 warps per block on 16-64 rows (session 9 sweep, docs/nvfp4-notes.md), or None.
 
     * Rows per block: 16 per stored token (M rounded up to a power of two), at most 64, halved while
       that leaves fewer than ``SMs / 2`` blocks. Every block stages the activations of its K range,
@@ -401,7 +401,7 @@ TWO_TILE_MAX_K = 16384  # two_tile_plan's largest K: 8 blocks of a cluster, each
 
 def two_tile_plan(M: int, N: int, K: int, sm_count: int) -> Plan | None:
     """The M = 9..16 tiling (two 8-token tiles) of 8 warps on 32-256 rows per block (session 10
-    sweep of 544 tilings on 16 layers, NOTES.md), or None.
+    sweep of 544 tilings on 16 layers, docs/nvfp4-notes.md), or None.
 
     Every block stages the 16 tokens of its K range in shared memory and streams the codes of its
     rows against them: a block of R rows stages ``32 K`` bytes per ``R K / 2`` bytes of codes, twice

@@ -1,7 +1,7 @@
 """W4A16 GEMM on Hopper's warpgroup MMA (``wgmma``, sm_90a) for tens to a thousand tokens.
 
 The ``mma.sync`` GEMM kernel (:mod:`~slime_gb10.nvfp4._cuda_gemm`) tops out at ~270 TFLOP/s on the
-H100, issue-bound on its MMAs and decode (NOTES.md v13). Here the tensor cores run asynchronously
+H100, issue-bound on its MMAs and decode (docs/nvfp4-notes.md v13). Here the tensor cores run asynchronously
 and the decode of the next step overlaps the MMA of this one, in the manner of Machete (Wilkinson
 et al., 2024), again with ModelOpt's bytes as they are:
 
@@ -28,12 +28,12 @@ et al., 2024), again with ModelOpt's bytes as they are:
 * Split-K over a thread-block cluster (``CLUSTER`` blocks), reduced in a fixed order through DSMEM
   (pushed into the summing block's shared memory from blocks of up to 128 tokens whose shares are
   whole 8-token groups, each block's address mapped once, pulled by it from larger ones: ``PUSH``,
-  NOTES.md v17, v19); block ``rank`` writes its share of the tokens as BF16
+  docs/nvfp4-notes.md v17, v19); block ``rank`` writes its share of the tokens as BF16
   (+ bias), two rows per 4-byte store.
 
 Requires N % (64 WG) == 0, K % 128 == 0, at least
 one 128-wide step per block of a cluster and an sm_90 device (``wgmma`` exists only on sm_90a:
-not on Blackwell or GB10, which have their own MMA instructions). Measured: NOTES.md, BENCHMARKS.md.
+not on Blackwell or GB10, which have their own MMA instructions). Measured: docs/nvfp4-notes.md, BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -252,21 +252,21 @@ def w4a16_wgmma(x2, data, scale_codes, global_scale, bias, out, p: WgmmaPlan) ->
 #: Block shapes (warpgroups, tokens) from the most work per block to the least: the largest that
 #: fills the SMs is taken (fewer activation re-reads and decodes per FLOP).
 TILES = ((2, 256), (2, 192), (2, 128), (1, 128), (1, 64))
-MAX_STAGES = 5  # more stages did not pay in the sweep (NOTES.md)
+MAX_STAGES = 5  # more stages did not pay in the sweep (docs/nvfp4-notes.md)
 MIN_TOKEN_USE = 0.8  # blocks of more than 128 tokens must use this share of their tokens
 #: A (2, 192) block's rate against a (2, 256) one as the rule below weighs it: fitted to the H100 sweep
-#: (NOTES.md v18), where it takes 5120 x 5120 at M = 1024 and 11008 x 4096 at M = 512 to 192 tokens
+#: (docs/nvfp4-notes.md v18), where it takes 5120 x 5120 at M = 1024 and 11008 x 4096 at M = 512 to 192 tokens
 #: (0.83x of the time) and leaves 11008 x 4096 at M = 1024 on 256 (192 took 1.25x there)
 RATE_192 = 0.8
 #: Blocks of a shape that run on one SM at once, where more than one: a (1, 64) block takes up to
 #: 106 KB of shared memory, so two share an SM (``cuOccupancyMaxActiveClusters``: 62 clusters of 4,
-#: NOTES.md v19)
+#: docs/nvfp4-notes.md v19)
 BLOCKS_PER_SM = {(1, 64): 2}
 #: The share of the SMs that clusters of 4 blocks of one SM each can hold at once: 30 clusters on the
-#: H100's 132 SMs (``cuOccupancyMaxActiveClusters``, NOTES.md v19; a GPC's leftover SMs stay idle)
+#: H100's 132 SMs (``cuOccupancyMaxActiveClusters``, docs/nvfp4-notes.md v19; a GPC's leftover SMs stay idle)
 CLUSTER4_SM_SHARE = 120 / 132
 #: K steps of 128 each block of a cluster must keep for a wider split to pay: a wave of two (1, 64)
-#: blocks per SM, and (1, 128) blocks with clusters of 4 on the first pass (NOTES.md v20)
+#: blocks per SM, and (1, 128) blocks with clusters of 4 on the first pass (docs/nvfp4-notes.md v20)
 MIN_SPLIT_STEPS = 8
 
 
@@ -274,7 +274,7 @@ def plan(M: int, N: int, K: int, sm_count: int, smem_limit: int = HOPPER_SMEM) -
     """The tiling for ``[M, K] x [N, K]^T``, or None where the kernel does not tile it (N % 64,
     K % 128, M <= 0).
 
-    Fitted to sweeps on the H100 (NOTES.md v14): the first block shape of :data:`TILES` with at most
+    Fitted to sweeps on the H100 (docs/nvfp4-notes.md v14): the first block shape of :data:`TILES` with at most
     ``M`` rounded up to 64 tokens (and, above 128 tokens, at least :data:`MIN_TOKEN_USE` of them
     real: M = 384 takes 2 x 192, not 2 x 256) whose blocks, split over a cluster of up to 2 (then, on
     a second pass, 4; 1 x 128 blocks take 4 on the first pass where each keeps 8 steps of K) blocks,
@@ -282,11 +282,11 @@ def plan(M: int, N: int, K: int, sm_count: int, smem_limit: int = HOPPER_SMEM) -
     smallest shape with the largest cluster (up to 8 for 1 x 64 blocks where K > 1024, else 4) that
     fits one wave. A wave is one block per SM, but only :data:`CLUSTER4_SM_SHARE` of the SMs with
     clusters of 4, and two (1, 64) blocks per SM where each keeps :data:`MIN_SPLIT_STEPS` steps
-    (NOTES.md v20: 0.82-0.97x of the time on layers with K >= 3072). Where (2, 256) blocks take more than
+    (docs/nvfp4-notes.md v20: 0.82-0.97x of the time on layers with K >= 3072). Where (2, 256) blocks take more than
     one wave, (2, 192) ones instead if their last wave is fuller by more than their lower rate
     (:data:`RATE_192`). As many stages as fit (up to
     :data:`MAX_STAGES`), two A register sets (with the TMA producer, 0.85-0.9x of the time of four at
-    M >= 256 on the large layers, NOTES.md v18).
+    M >= 256 on the large layers, docs/nvfp4-notes.md v18).
     """
     if M <= 0 or N % 64 or K % 128:
         return None
@@ -328,7 +328,7 @@ def plan(M: int, N: int, K: int, sm_count: int, smem_limit: int = HOPPER_SMEM) -
         for wg, bm in tiles:
             # (1, 128) blocks take clusters of 4 already on the first pass, before (1, 64) ones with 2,
             # where each block keeps >= 8 steps: 0.88-0.99x of the time on 896 x 4864 and 640 x 5120 at
-            # M = 224-384; larger blocks so took 1.06-1.15x (NOTES.md v20)
+            # M = 224-384; larger blocks so took 1.06-1.15x (docs/nvfp4-notes.md v20)
             early = (wg, bm) == (1, 128) and K // (128 * 4) >= MIN_SPLIT_STEPS
             c = cluster_for(wg, bm, 4 if early else most)
             if blocks(wg, bm) * c >= 0.75 * sm_count:
@@ -339,7 +339,7 @@ def plan(M: int, N: int, K: int, sm_count: int, smem_limit: int = HOPPER_SMEM) -
     if choice is None:
         # the smallest blocks take clusters of up to 8 (two of them fit an SM, so such clusters find
         # room) where K has more than 8 steps: 0.74-0.91x of the time with 4 on 896 x 4864, 512 x 4096
-        # and 576 x 1536 at M = 33..64; 1.08x on 1024 x 1024, one step a block (NOTES.md v19)
+        # and 576 x 1536 at M = 33..64; 1.08x on 1024 x 1024, one step a block (docs/nvfp4-notes.md v19)
         wg, bm = tiles[-1]
         choice = (wg, bm, cluster_for(wg, bm, 8 if (wg, bm) == TILES[-1] else 4))
     wg, bm, c = choice

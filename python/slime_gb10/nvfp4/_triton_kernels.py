@@ -388,7 +388,7 @@ def w4a16_kernel(
     if EVEN:  # N % BN == 0 and K % (BK * tiles_per_split) == 0: no bounds checks on the stream
         # The scale bytes are loaded one K tile ahead, by hand: Triton's pipeliner prefetches the
         # codes and activations (cp.async) but not these 1-byte loads. (Prefetching the codes by
-        # hand as well moves the decode off the dot-operand layout: worse, see NOTES.md.)
+        # hand as well moves the decode off the dot-operand layout: worse, see docs/nvfp4-notes.md.)
         next_codes = tl.load(s_rows + first * G)
         for tile in range(first, first + tiles_per_split):
             scale_codes = next_codes

@@ -27,7 +27,7 @@ M = 33..2048: decoded weights as the register A operand of Hopper's asynchronous
 activations in its 128-byte swizzle, copied by the TMA unit from a producer warp, the decode of the
 next step overlapping the MMA in flight)
 and the "wide" Triton kernel, which keeps the weights in registers as the MMA's A operand (``wgmma``
-on sm_90; taken where the CUDA kernels do not run). Measured on an H100 (BENCHMARKS.md, NOTES.md):
+on sm_90; taken where the CUDA kernels do not run). Measured on an H100 (BENCHMARKS.md, docs/nvfp4-notes.md):
 about 2x of BF16 cuBLAS at M <= 4, 1.4-1.7x at M = 16, 1.25-1.6x at M = 32, 1.13-1.47x at M = 64,
 1.0-1.35x at M = 128, 0.83-1.0x at M = 256 and 0.68-0.9x at M = 1024 on 4096-14336 wide layers
 (the format allows ~3.5x); above the wgmma kernel's range :func:`w4a16_linear` dequantizes and calls
@@ -332,7 +332,7 @@ def prepare_w4a16(w: NVFP4Tensor) -> W4A16Weight:
 
 
 def w4a16_config(M: int, N: int, K: int, sm_count: int) -> dict:
-    """Tile sizes and split-K for the fused kernel, from the H100 tuning runs (NOTES.md).
+    """Tile sizes and split-K for the fused kernel, from the H100 tuning runs (docs/nvfp4-notes.md).
 
     Small M is a weight stream: BM=16 (one MMA row block), BK=128, split-K for about 4 programs per
     SM, no cp.async staging (``num_stages=1``: the staged codes were read back from shared memory
@@ -373,9 +373,9 @@ def wide_config(
     """Tiles and split-K of :func:`~slime_gb10.nvfp4._triton_kernels.w4a16_wide_kernel`, or None
     where it does not tile the shape (N % BN, K % BK).
 
-    Defaults from the H100 sweeps (NOTES.md): 64 weight rows per program (one warpgroup's MMA rows:
+    Defaults from the H100 sweeps (docs/nvfp4-notes.md): 64 weight rows per program (one warpgroup's MMA rows:
     programs are one warpgroup, 4 warps; two warpgroups gave wrong results now and then, see
-    NOTES.md); 32 tokens up to M = 32, 64 up to M = 64, else 128; K tiles of 256 up to M = 64 where
+    docs/nvfp4-notes.md); 32 tokens up to M = 32, 64 up to M = 64, else 128; K tiles of 256 up to M = 64 where
     K allows, else 128; K split in 2, 4 or 8 while the programs stay within two per SM (more
     programs cost more in split-K partials than idle SMs do). The keywords override the tiles.
     """
@@ -401,12 +401,12 @@ def wide_is_faster(M: int, N: int, K: int) -> bool:
 
 
 GEMM_MIN_M = 8  # the CUDA GEMM kernel from M = 9 (below, the weight-streaming CUDA kernel leads)
-GEMM_MAX_M = 64  # its last M ahead of the other kernels (H100; NOTES.md)
+GEMM_MAX_M = 64  # its last M ahead of the other kernels (H100; docs/nvfp4-notes.md)
 
 
 def gemm_is_faster(M: int, N: int, K: int) -> bool:
     """Whether the CUDA GEMM kernel (:mod:`~slime_gb10.nvfp4._cuda_gemm`) is the fused kernel to
-    take, where the CUDA kernels run, on shapes it tiles (N % 64, K % 128), H100 sweeps (NOTES.md):
+    take, where the CUDA kernels run, on shapes it tiles (N % 64, K % 128), H100 sweeps (docs/nvfp4-notes.md):
 
     * M = 9..16 only on layers with N < K and N < 4096 (896 x 4864, 1024 x 4096: 11-17% ahead of
       the weight-streaming kernel's two-tile plan) and where K > 16384 (no two-tile plan). Elsewhere
@@ -430,14 +430,14 @@ def gemm_is_faster(M: int, N: int, K: int) -> bool:
 WGMMA_MIN_M = 32  # the wgmma kernel from M = 33 (below, the CUDA GEMM and weight-streaming kernels lead)
 WGMMA_MAX_M = 2048  # its last M ahead of dequantize + cuBLAS on weights of >= 2**24 parameters (H100) ...
 WGMMA_SMALL_MAX_M = 256  # ... on smaller ones with N <= K (896 x 4864 at 256: 0.94x of its time) ...
-WGMMA_SMALL_WIDE_MAX_M = 128  # ... and with N > K (4864 x 896 at M = 192: 1.18x; NOTES.md v20)
+WGMMA_SMALL_WIDE_MAX_M = 128  # ... and with N > K (4864 x 896 at M = 192: 1.18x; docs/nvfp4-notes.md v20)
 
 
 def wgmma_is_faster(M: int, N: int, K: int) -> bool:
     """Whether the wgmma kernel (:mod:`~slime_gb10.nvfp4._cuda_wgmma`, sm_90 only) is the kernel to
     take where it runs, on shapes it tiles (N % 64, K % 128): from M = 33 up to 2048 on weights of
     >= 2**24 parameters; on smaller weights up to 256 where N <= K and up to 128 where N > K.
-    Measured on the H100 against the other kernels and dequantize + cuBLAS (NOTES.md v14, v18,
+    Measured on the H100 against the other kernels and dequantize + cuBLAS (docs/nvfp4-notes.md v14, v18,
     v20): at M = 1024 and 2048 ahead on 4096 x 4096, 4096 x 14336, 8192 x 8192, 11008 x 4096 and
     14336 x 4096 (0.78-0.98x of the time), behind on 5120 x 5120 (1.05x); at 4096 behind on
     14336 x 4096 and 2048 x 2048 (1.13x), within 2% or ahead on the rest. On 10 smaller weights at

@@ -9,7 +9,7 @@
 #define STAGE_BYTES (X_OFFSET + BM * 256)
 #define RED_STRIDE (BM + 1)  /* floats per row of the partials (+1: fewer bank conflicts) */
 /* split-K partials pushed to the summing block (DSMEM stores) on clusters of 2-4, pulled by it
-   (DSMEM loads) on clusters of 8, whose 8-row shares made the stores slower (H100, NOTES.md v17) */
+   (DSMEM loads) on clusters of 8, whose 8-row shares made the stores slower (H100, docs/nvfp4-notes.md v17) */
 #define PUSH (CLUSTER > 1 && CLUSTER <= 4)
 
 // One step of 128 K into a stage: codes [BN rows][64 B], scale codes [BN][8 B], activations

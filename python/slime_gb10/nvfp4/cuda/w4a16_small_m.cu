@@ -2,7 +2,7 @@
 #define KW (WARPS / RW)
 /* split-K across the cluster: partials pushed to the summing block (DSMEM stores) or pulled by it
    (DSMEM loads); pushing measured faster with 8-16 warps or one K-warp a row set, pulling with 4-warp
-   blocks whose K-warps share rows (H100, session 11, NOTES.md v17) */
+   blocks whose K-warps share rows (H100, session 11, docs/nvfp4-notes.md v17) */
 #define PUSH (CLUSTER > 1 && (WARPS >= 8 || KW == 1))
 #define THREADS (32 * WARPS)
 #define MT (ROWS / 16)  /* m16 tiles per warp */

@@ -12,7 +12,7 @@
 #define RED_STRIDE (BN + 4)  /* floats per token of the partials (+4: the lanes' stores hit 32 banks) */
 /* split-K partials pushed to the summing block (DSMEM stores) from blocks of up to 128 tokens,
    pulled by it (DSMEM loads) from 256-token blocks, where the stores were 1-2% slower (H100,
-   NOTES.md v17); a pushed share is whole 8-token groups (the store's block is known at compile time) */
+   docs/nvfp4-notes.md v17); a pushed share is whole 8-token groups (the store's block is known at compile time) */
 #define PUSH (CLUSTER > 1 && BM <= 128 && (BM / CLUSTER) % 8 == 0)
 
 struct __align__(64) TensorMap {  // a CUtensorMap, encoded on the host (cuTensorMapEncodeTiled)
