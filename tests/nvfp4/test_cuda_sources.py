@@ -18,7 +18,11 @@ CUDA = ROOT / "python" / "slime_gb10" / "nvfp4" / "cuda"
 @pytest.mark.parametrize(
     ("source", "plan", "kernel"),
     [
-        (_cuda_w4a16._source, _cuda_w4a16.Plan(2, 2, 2, 2, stages=3, window=2, warps=8, line=True), "w4a16_small"),
+        (
+            _cuda_w4a16._source,
+            _cuda_w4a16.Plan(2, 2, 2, 2, stages=3, window=2, warps=8, line=True),
+            "w4a16_small",
+        ),
         (_cuda_gemm._source, _cuda_gemm.GemmPlan(2, 2, 2, 4, stages=3, cluster=2), "w4a16_gemm"),
         (_cuda_wgmma._source, _cuda_wgmma.WgmmaPlan(2, 128, stages=4, cluster=2, depth=2), "w4a16_wgmma"),
     ],

@@ -81,7 +81,9 @@ def test_w4a16_kernel_compiles(arch, use_asm, even, maxnreg):
     if arch == 90:
         code = sass(compiled)
         assert "HMMA" in code and ("HMUL2" in code) == use_asm
-        if not maxnreg:  # under the cap a few spills are expected, and measured to pay off (docs/nvfp4-notes.md)
+        if (
+            not maxnreg
+        ):  # under the cap a few spills are expected, and measured to pay off (docs/nvfp4-notes.md)
             assert "LDL" not in code and "STL" not in code  # no local memory
 
 
