@@ -203,3 +203,22 @@ def test_eval_and_compare_on_the_real_gsm8k_test_file(tmp_path, tiny_dir, gsm8k_
 def test_num_prompts_takes_a_number_or_all(tmp_path):
     result = invoke("eval", "--num-prompts", "some", "--device", "cpu")
     assert result.exit_code != 0 and "neither a number nor 'all'" in result.output
+
+
+def test_every_config_flag_shows_its_meaning_and_default_from_the_config():
+    """A flag's help is its config field's description and default (declared once, in config.py)."""
+    import re
+
+    from slime_gb10.grpo.cli import _field
+
+    for command in ("train", "eval"):
+        text = " ".join(invoke(command, "--help").output.split())
+        keys = re.findall(r"\[([a-z_]+\.[a-z_]+)(?:; default ([^\]]+))?\]", text)
+        assert len(keys) >= (14 if command == "train" else 7), keys
+        for key, default in keys:
+            field = _field(key)
+            assert " ".join(field.description.split()) in text, key
+            if field.default is not None:
+                assert default == str(field.default), (key, default)
+    result = invoke("train", "--rollout", "vllm", "--print-config")
+    assert result.exit_code == 2 and "'vllm' is not one of 'auto', 'torch', 'sglang'" in result.output

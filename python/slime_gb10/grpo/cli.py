@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import types
+import typing
 from pathlib import Path
 
 import click
@@ -18,25 +20,44 @@ from slime_gb10.grpo.config import ConfigError, GRPOConfig, build_config, load_c
 
 log = logging.getLogger("slime_gb10.grpo")
 
-# CLI flag -> dotted config key (the common fields; everything else via --set section.key=value)
-FLAG_KEYS = {
-    "model": "model.name_or_path",
-    "output": "output.dir",
-    "steps": "train.steps",
-    "lr": "train.lr",
-    "seed": "train.seed",
-    "prompts_per_step": "rollout.prompts_per_step",
-    "group_size": "rollout.group_size",
-    "max_new_tokens": "rollout.max_new_tokens",
-    "temperature": "rollout.temperature",
-    "rollout_engine": "backends.rollout",
-    "trainer_backend": "backends.trainer",
-    "device": "backends.device",
-    "eval_every": "eval.every",
-    "checkpoint_every": "output.checkpoint_every",
-    "report_to": "output.report_to",
-    "reward": "data.reward",
-}
+
+def _field(key: str):
+    section, name = key.split(".")
+    return GRPOConfig.model_fields[section].annotation.model_fields[name]
+
+
+def _click_type(annotation):
+    """click type of a config field: its Literal choices, else int / float / str (None stripped)."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) is typing.Literal:
+        return click.Choice([str(a) for a in typing.get_args(annotation)])
+    if args and typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return _click_type(args[0])
+    return {int: int, float: float}.get(annotation, str)
+
+
+def config_option(*flags: str, key: str):
+    """A click option that sets config key ``key``: type, choices and help come from the config
+    field (its description and default), so a setting is declared once, in grpo/config.py."""
+    field = _field(key)
+
+    def store(ctx: click.Context, _param, value):
+        if value is not None:
+            ctx.meta.setdefault("config_overrides", {})[key] = value
+
+    default = "" if field.default is None else f"; default {field.default}"
+    return click.option(
+        *flags,
+        type=_click_type(field.annotation),
+        default=None,
+        expose_value=False,
+        callback=store,
+        help=f"{field.description} [{key}{default}]",
+    )
+
+
+def _cli_overrides() -> dict:
+    return dict(click.get_current_context().meta.get("config_overrides", {}))
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -87,17 +108,11 @@ def _apply_runtime_fixes() -> None:
     apply_runtime_fixes(logger=log)
 
 
-def _collect_overrides(values: dict) -> dict:
-    return {
-        FLAG_KEYS[name]: value for name, value in values.items() if name in FLAG_KEYS and value is not None
-    }
-
-
 def _config_from_cli(
-    config_file, sets, values, data_path=None, base_dir: Path | None = None, extra: dict | None = None
+    config_file, sets, data_path=None, base_dir: Path | None = None, extra: dict | None = None
 ) -> GRPOConfig:
-    """Defaults <- config file (or a resumed run's config.yaml) <- flags (``values``, ``extra``) <- --set."""
-    overrides = {**_collect_overrides(values), **(extra or {})}
+    """Defaults <- config file (or a resumed run's config.yaml) <- flags (``extra``) <- --set."""
+    overrides = {**_cli_overrides(), **(extra or {})}
     if data_path is not None:
         overrides["data.task"] = "file"
         overrides["data.path"] = data_path
@@ -122,9 +137,7 @@ def _common_options(func):
             metavar="SECTION.KEY=VALUE",
             help="Override any config key (repeatable), e.g. --set algo.beta=0.01.",
         ),
-        click.option(
-            "--model", help="Local HF directory, .gguf file or hub id (default: embedded SmolLM2-135M)."
-        ),
+        config_option("--model", key="model.name_or_path"),
         click.option(
             "--data",
             "data_path",
@@ -132,8 +145,8 @@ def _common_options(func):
             help="Prompts: a JSONL/JSON/Parquet/CSV file, a dataset name (gsm8k) or hf:owner/name[:config] "
             "(default: the arithmetic task).",
         ),
-        click.option("--device", help="auto | cpu | cuda | cuda:N"),
-        click.option("--seed", type=int),
+        config_option("--device", key="backends.device"),
+        config_option("--seed", key="train.seed"),
         click.option("-v", "--verbose", is_flag=True, help="Debug logging."),
     ]
     for option in reversed(options):
@@ -143,33 +156,19 @@ def _common_options(func):
 
 @click.command("train")
 @_common_options
-@click.option(
-    "--output", type=click.Path(file_okay=False), help="Run directory (metrics, samples, checkpoints)."
-)
-@click.option("--steps", type=int)
-@click.option("--lr", type=float)
-@click.option("--prompts-per-step", type=int)
-@click.option("--group-size", type=int)
-@click.option("--max-new-tokens", type=int)
-@click.option("--temperature", type=float)
-@click.option(
-    "--rollout",
-    "--rollout-engine",
-    "rollout_engine",
-    type=click.Choice(["auto", "torch", "sglang"]),
-    help="Rollout engine (auto: SGLang on a GPU where it and Megatron-core both run, else torch).",
-)
-@click.option(
-    "--trainer",
-    "--trainer-backend",
-    "trainer_backend",
-    type=click.Choice(["auto", "torch", "megatron"]),
-    help="Policy backend (auto: Megatron-core on a GPU where it and SGLang both run, else torch).",
-)
-@click.option("--eval-every", type=int)
-@click.option("--checkpoint-every", type=int)
-@click.option("--reward", help="Reward spec, e.g. 'gsm8k:1.0,format:0.1'.")
-@click.option("--report-to", type=click.Choice(["none", "tensorboard", "wandb"]))
+@config_option("--output", key="output.dir")
+@config_option("--steps", key="train.steps")
+@config_option("--lr", key="train.lr")
+@config_option("--prompts-per-step", key="rollout.prompts_per_step")
+@config_option("--group-size", key="rollout.group_size")
+@config_option("--max-new-tokens", key="rollout.max_new_tokens")
+@config_option("--temperature", key="rollout.temperature")
+@config_option("--rollout", "--rollout-engine", key="backends.rollout")
+@config_option("--trainer", "--trainer-backend", key="backends.trainer")
+@config_option("--eval-every", key="eval.every")
+@config_option("--checkpoint-every", key="output.checkpoint_every")
+@config_option("--reward", key="data.reward")
+@config_option("--report-to", key="output.report_to")
 @click.option(
     "--resume",
     "resume_dir",
@@ -184,9 +183,7 @@ def _common_options(func):
 )
 @click.option("--print-config", is_flag=True, help="Print the effective config as YAML and exit.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def train_command(
-    config_file, sets, data_path, verbose, resume_dir, overwrite, print_config, no_progress, **values
-):
+def train_command(config_file, sets, data_path, verbose, resume_dir, overwrite, print_config, no_progress):
     """GRPO post-training. No arguments: SmolLM2-135M-Instruct on the arithmetic task."""
     from slime_gb10.grpo.checkpoint import is_checkpoint_dir, run_dir_of
 
@@ -194,14 +191,15 @@ def train_command(
     try:
         if resume_dir is not None:
             run_dir = run_dir_of(resume_dir)
-            if values.get("output") is not None and Path(values["output"]) != run_dir:
+            output = _cli_overrides().get("output.dir")
+            if output is not None and Path(output) != run_dir:
                 raise ConfigError(
                     f"--resume continues the run in {run_dir}; do not also pass a different --output"
                 )
             if overwrite:
                 raise ConfigError("--resume continues a run and --overwrite deletes it: pass one of them")
-            values["output"] = str(run_dir)
-        config = _config_from_cli(config_file, sets, values, data_path, run_dir)
+            click.get_current_context().meta.setdefault("config_overrides", {})["output.dir"] = str(run_dir)
+        config = _config_from_cli(config_file, sets, data_path, run_dir)
         if no_progress:
             config.output.progress = False
     except ConfigError as exc:
@@ -284,55 +282,33 @@ def _num_prompts(value: str | None) -> int | str | None:
 
 @click.command("eval")
 @_common_options
+@config_option("--eval-data", key="data.eval_path")
+@config_option("--k", key="eval.k")
 @click.option(
-    "--eval-data",
-    "eval_path",
-    help="The held-out set: a file or dataset spec (default: --data's test split, or held out of --data).",
+    "--num-prompts",
+    help=f"{_field('eval.num_prompts').description} A number or 'all'. "
+    f"[eval.num_prompts; default {_field('eval.num_prompts').default}]",
 )
-@click.option("--k", type=int, help="pass@k: samples per prompt (default: eval.k).")
-@click.option("--num-prompts", help="Held-out prompts to evaluate, or 'all' (default: eval.num_prompts).")
-@click.option("--max-new-tokens", type=int)
-@click.option("--temperature", type=float, help="Sampling temperature of pass@k.")
-@click.option("--batch-size", type=int, help="Prompts generated together (default: eval.batch_size).")
+@config_option("--max-new-tokens", key="eval.max_new_tokens")
+@config_option("--temperature", key="eval.temperature")
+@config_option("--batch-size", key="eval.batch_size")
+@config_option("--rollout", "--rollout-engine", key="backends.rollout")
 @click.option(
     "--output",
     "output_file",
     type=click.Path(dir_okay=False),
     help="Write the metrics and every question's outcome as JSON here (for `slime-gb10 compare`).",
 )
-def eval_command(
-    config_file,
-    sets,
-    data_path,
-    verbose,
-    eval_path,
-    k,
-    num_prompts,
-    max_new_tokens,
-    temperature,
-    batch_size,
-    output_file,
-    **values,
-):
+def eval_command(config_file, sets, data_path, verbose, num_prompts, output_file):
     """Greedy pass@1 with its 95% interval, format compliance, response length (and pass@k)."""
     try:
         count = _num_prompts(num_prompts)
         overrides = {}
-        if eval_path is not None:
-            overrides["data.eval_path"] = eval_path
-        if k is not None:
-            overrides["eval.k"] = k
         if count != "config":
             overrides["eval.num_prompts"] = count
             if count is not None:
                 overrides["data.eval_size"] = count
-        if max_new_tokens is not None:
-            overrides["eval.max_new_tokens"] = max_new_tokens
-        if temperature is not None:
-            overrides["eval.temperature"] = temperature
-        if batch_size is not None:
-            overrides["eval.batch_size"] = batch_size
-        config = _config_from_cli(config_file, sets, values, data_path, extra=overrides)
+        config = _config_from_cli(config_file, sets, data_path, extra=overrides)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     _setup_logging(verbose)

