@@ -11,6 +11,8 @@ let
     concatStringsSep
     elem
     filter
+    fromJSON
+    readFile
     length
     replaceStrings
     substring
@@ -26,15 +28,10 @@ let
 in
 rec {
   # ---- the machine ---------------------------------------------------------------------------
-  hardware = {
-    name = "NVIDIA GB10 (DGX Spark)";
+  # The facts themselves live in python/slime_gb10/platform/gb10.json, which the Python package
+  # reads too (devices.py, the doctor): one source. Nix adds what only Nix needs.
+  hardware = fromJSON (readFile ../python/slime_gb10/platform/gb10.json) // {
     system = "aarch64-linux"; # Grace: 10x Cortex-X925 + 10x Cortex-A725, SBSA
-    capability = "12.1"; # sm_121, arch-specific sm_121a, family 121f
-    smCount = 48; # PyTorch inductor's is_big_gpu wants 68
-    memoryGiB = 128; # LPDDR5x, unified CPU+GPU
-    memoryBandwidthGBps = 273;
-    cpuCores = 20;
-    minDriverVersion = "580.95";
     os = "DGX OS (Ubuntu 24.04), not NixOS";
   };
 

@@ -187,3 +187,30 @@ def test_nixpkgs_config_cached_variant(nix_eval):
         ' { arm = c "aarch64-linux" true; armDefault = c "aarch64-linux" false; x86 = c "x86_64-linux" true; }'
     )
     assert got == {"arm": ["12.0"], "armDefault": ["12.1"], "x86": ["9.0", "10.0", "12.0"]}
+
+
+def test_python_and_nix_read_one_set_of_gb10_facts(nix_eval):
+    """platform/gb10.json is the only place the GB10's facts are written: nix/gb10.nix reads it, and
+    so do devices.py (peaks, the GB10 test) and the doctor (minimum driver)."""
+    import json
+    from pathlib import Path
+
+    from slime_gb10.platform import devices
+
+    facts = json.loads(
+        (Path(__file__).resolve().parents[2] / "python/slime_gb10/platform/gb10.json").read_text()
+    )
+    nix = nix_eval("(import ./nix/gb10.nix).hardware")
+    assert {k: nix[k] for k in facts} == facts
+    assert tuple(int(x) for x in nix["minDriverVersion"].split(".")) == devices.GB10_MIN_DRIVER
+    assert tuple(int(x) for x in nix["capability"].split(".")) == devices.GB10_CAPABILITY
+    peaks = devices.lookup_peaks("NVIDIA GB10", devices.GB10_CAPABILITY)
+    assert (peaks.sm_count, peaks.bf16_tflops, peaks.mem_bandwidth_gbs) == (
+        nix["smCount"],
+        nix["peakTflops"]["bf16"],
+        nix["memoryBandwidthGBps"],
+    )
+    assert peaks.unified_memory and devices.is_unified_memory(devices.GB10_CAPABILITY)
+    assert devices.is_sm12x((12, 0)) and not devices.is_sm12x((9, 0)) and not devices.is_sm12x(None)
+    assert devices.has_fp4_tensor_cores((10, 0)) and not devices.has_fp4_tensor_cores((9, 0))
+    assert devices.is_unified_memory((9, 0), is_integrated=True) and not devices.is_unified_memory((9, 0))

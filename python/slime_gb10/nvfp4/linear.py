@@ -98,10 +98,9 @@ def fake_quantize(x: torch.Tensor, global_scale: torch.Tensor | None = None) -> 
 
 def is_blackwell(device: torch.device | None = None) -> bool:
     """sm_100+ (data-center Blackwell) or sm_120+ (GB10 is sm_121): TE's NVFP4 needs one."""
-    if not torch.cuda.is_available():
-        return False
-    major, _ = torch.cuda.get_device_capability(device)
-    return major >= 10
+    from slime_gb10.platform.devices import has_fp4_tensor_cores
+
+    return torch.cuda.is_available() and has_fp4_tensor_cores(torch.cuda.get_device_capability(device))
 
 
 def te_available() -> bool:

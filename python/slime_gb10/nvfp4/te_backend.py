@@ -29,7 +29,9 @@ import torch
 
 
 def is_sm12x(device: torch.device | None = None) -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] == 12
+    from slime_gb10.platform import devices
+
+    return torch.cuda.is_available() and devices.is_sm12x(torch.cuda.get_device_capability(device))
 
 
 def recipe_field_names(recipe_cls) -> set[str]:

@@ -10,9 +10,17 @@ Nothing here imports torch at module import time; only :func:`device_peaks` touc
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, replace
+from importlib.resources import files
 from typing import Literal
+
+#: The GB10's facts (capability, SMs, memory, peaks, the minimum driver): platform/gb10.json, which
+#: nix/gb10.nix reads too, so Python and Nix cannot disagree.
+GB10 = json.loads((files("slime_gb10.platform") / "gb10.json").read_text(encoding="utf-8"))
+GB10_CAPABILITY: tuple[int, int] = tuple(int(x) for x in GB10["capability"].split("."))  # type: ignore[assignment]
+GB10_MIN_DRIVER: tuple[int, int] = tuple(int(x) for x in GB10["minDriverVersion"].split("."))  # type: ignore[assignment]
 
 Precision = Literal["fp32", "bf16", "fp16", "fp8", "nvfp4"]
 
@@ -71,18 +79,18 @@ PEAK_TABLE: tuple[_Entry, ...] = (
     # Source: nanochat GB10 changelog and DGX Spark setup notes (shared/REFERENCE.md).
     _Entry(
         r"\bGB10\b",
-        (12, 1),
+        GB10_CAPABILITY,
         _peaks(
-            "NVIDIA GB10",
-            48,
-            31.0,
-            62.0,
-            None,
-            500.0,
-            273.0,
-            "DGX Spark / nanochat GB10 changelog (REFERENCE.md): BF16 ~62 dense, NVFP4 500 dense",
-            (12, 1),
-            unified=True,
+            GB10["deviceName"],
+            GB10["smCount"],
+            GB10["peakTflops"]["fp32"],
+            GB10["peakTflops"]["bf16"],
+            GB10["peakTflops"]["fp8"],
+            GB10["peakTflops"]["nvfp4"],
+            float(GB10["memoryBandwidthGBps"]),
+            GB10["peakSource"],
+            GB10_CAPABILITY,
+            unified=GB10["unifiedMemory"],
         ),
     ),
     # H100: SXM5 (torch reports "NVIDIA H100 80GB HBM3"), PCIe, NVL differ in clocks, power and memory.
@@ -266,5 +274,27 @@ def sm_arch(capability: tuple[int, int]) -> str:
     return f"sm_{value}{'a' if value >= 90 else ''}"
 
 
+# --- what kind of GPU this is: the one answer every module asks ----------------------------------
+
+
 def is_gb10(name: str, capability: tuple[int, int]) -> bool:
-    return tuple(capability) == (12, 1) and re.search(r"\bGB10\b", name, flags=re.IGNORECASE) is not None
+    """A GB10: its capability (12.1) and its name."""
+    return (
+        tuple(capability) == GB10_CAPABILITY and re.search(r"\bGB10\b", name, flags=re.IGNORECASE) is not None
+    )
+
+
+def is_sm12x(capability: tuple[int, int] | None) -> bool:
+    """Consumer/desktop Blackwell (sm_120, GB10's sm_121): 99 KB of shared memory a block, no
+    FlashAttention 3, no TE stochastic rounding or RHT kernels."""
+    return capability is not None and int(capability[0]) == 12
+
+
+def has_fp4_tensor_cores(capability: tuple[int, int] | None) -> bool:
+    """Blackwell (sm_100 and up, GB10 included): what TE's NVFP4 recipe needs."""
+    return capability is not None and int(capability[0]) >= 10
+
+
+def is_unified_memory(capability: tuple[int, int] | None, is_integrated: bool = False) -> bool:
+    """The GPU shares the CPU's memory: an integrated GPU, or a GB10 (128 GB LPDDR5x for both)."""
+    return bool(is_integrated) or (capability is not None and tuple(capability) == GB10_CAPABILITY)

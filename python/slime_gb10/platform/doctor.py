@@ -34,7 +34,7 @@ import click
 
 from slime_gb10 import __version__
 from slime_gb10.platform import binaries, subproc
-from slime_gb10.platform.devices import is_gb10, lookup_peaks, sm_arch
+from slime_gb10.platform.devices import GB10, GB10_MIN_DRIVER, is_gb10, is_sm12x, lookup_peaks, sm_arch
 from slime_gb10.platform.fixes import AppliedFix, apply_runtime_fixes
 from slime_gb10.platform.probe import Probe, run_probe
 from slime_gb10.platform.ptxas import FIX_POINT_TRITON, cuda_home, probe_ptxas, triton_ptxas
@@ -44,7 +44,6 @@ STATUSES: tuple[Status, ...] = ("ok", "warn", "fail", "skip")
 DEFAULT_TIMEOUT_S = 60.0
 
 TORCH_CU130 = "pip install --force-reinstall torch --index-url https://download.pytorch.org/whl/cu130"
-GB10_MIN_DRIVER = (580, 95)
 MIN_PYTHON = (3, 11)
 
 
@@ -93,7 +92,7 @@ class DoctorContext:
 
     @property
     def sm12x(self) -> bool:
-        return self.gpu and self.capability[0] == 12
+        return self.gpu and is_sm12x(self.capability)
 
     @property
     def cuda13(self) -> bool:
@@ -317,7 +316,7 @@ def check_gpu(ctx: DoctorContext) -> CheckResult:
         return _fail(
             "gpu",
             reason,
-            "install an NVIDIA driver that supports torch's CUDA version (GB10: 580.95 or newer)",
+            f"install an NVIDIA driver that supports torch's CUDA version (GB10: {GB10['minDriverVersion']} or newer)",
         )
     return _skip("gpu", f"{reason}: the GPU checks are skipped")
 
@@ -352,7 +351,7 @@ def _cuda_api(version: int | None) -> str | None:
 
 @register_check("driver", gpu=True)
 def check_driver(ctx: DoctorContext) -> CheckResult:
-    """NVIDIA driver version (GB10 needs 580.95+) and the CUDA version it supports."""
+    """NVIDIA driver version (GB10 needs platform/gb10.json's minDriverVersion) and the CUDA version it supports."""
     driver, source = _nvidia_smi(ctx)
     api = _cuda_api(ctx.probe.data.get("driver_api_version"))
     details = {"driver": driver, "driver_cuda": api, "source": source}
@@ -370,7 +369,12 @@ def check_driver(ctx: DoctorContext) -> CheckResult:
             **details,
         )
     if ctx.gb10 and _version_tuple(driver)[:2] < GB10_MIN_DRIVER:
-        return _fail("driver", f"driver {driver} is older than 580.95, the first for GB10", update, **details)
+        return _fail(
+            "driver",
+            f"driver {driver} is older than {GB10['minDriverVersion']}, the first for GB10",
+            update,
+            **details,
+        )
     return _ok("driver", f"driver {driver} (supports CUDA {api or '?'})", **details)
 
 

@@ -93,11 +93,11 @@ class Probe:
     def facts(self) -> DeviceFacts | None:
         if not self.gpu:
             return None
-        from slime_gb10.platform.devices import lookup_peaks
+        from slime_gb10.platform.devices import is_unified_memory
 
         dev = self.data["device"]
         capability = (int(dev["capability"][0]), int(dev["capability"][1]))
-        unified = bool(dev.get("is_integrated")) or lookup_peaks(dev["name"], capability).unified_memory
+        unified = is_unified_memory(capability, bool(dev.get("is_integrated")))
         return DeviceFacts(
             name=dev["name"],
             capability=capability,
@@ -146,7 +146,7 @@ def current_device_facts(index: int = 0, timeout_s: float = 60.0) -> DeviceFacts
     """Facts about GPU ``index`` without initialising CUDA here (unless it already is); None = no GPU."""
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
-        from slime_gb10.platform.devices import lookup_peaks
+        from slime_gb10.platform.devices import is_unified_memory
 
         props = torch.cuda.get_device_properties(index)
         capability = (int(props.major), int(props.minor))
@@ -154,8 +154,7 @@ def current_device_facts(index: int = 0, timeout_s: float = 60.0) -> DeviceFacts
             name=props.name,
             capability=capability,
             sm_count=int(props.multi_processor_count),
-            unified_memory=bool(getattr(props, "is_integrated", False))
-            or lookup_peaks(props.name, capability).unified_memory,
+            unified_memory=is_unified_memory(capability, bool(getattr(props, "is_integrated", False))),
             total_memory=int(props.total_memory),
             index=index,
         )

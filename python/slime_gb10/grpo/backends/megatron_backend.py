@@ -332,7 +332,9 @@ def te_recipe(precision: str, compute_capability: tuple[int, int] | None = None)
         from slime_gb10.nvfp4.te_backend import nvfp4_recipe_kwargs, recipe_field_names
 
         cls = te_recipes.NVFP4BlockScaling
-        sm12x = compute_capability is not None and compute_capability[0] == 12
+        from slime_gb10.platform.devices import is_sm12x
+
+        sm12x = is_sm12x(compute_capability)
         # The sm_12x workarounds (RHT and stochastic rounding off, BF16 weight gradients) are
         # NVFP4Linear's; weights keep TE's 16x16 training tiles here.
         return cls(**nvfp4_recipe_kwargs(recipe_field_names(cls), sm12x, one_d_weights=False))

@@ -108,22 +108,28 @@ class SGLangEngineError(RuntimeError):
 
 def is_unified_memory_gpu(device_index: int = 0) -> bool:
     """GB10 (sm_121, integrated): the GPU shares the 128 GB LPDDR5x with the CPU."""
+    from slime_gb10.platform.devices import is_unified_memory
+
     if not torch.cuda.is_available():
         return False
     props = torch.cuda.get_device_properties(device_index)
-    return bool(getattr(props, "is_integrated", False)) or (props.major, props.minor) == (12, 1)
+    return is_unified_memory((props.major, props.minor), getattr(props, "is_integrated", False))
 
 
 def default_attention_backend(compute_capability: tuple[int, int] | None) -> str | None:
     """Triton attention on sm_12x (no FlashAttention 3 there); ``None`` lets SGLang choose elsewhere."""
-    if compute_capability is not None and compute_capability[0] == 12:
+    from slime_gb10.platform.devices import is_sm12x
+
+    if is_sm12x(compute_capability):
         return "triton"
     return None
 
 
 def default_sampling_backend(compute_capability: tuple[int, int] | None) -> str | None:
     """PyTorch sampling on sm_12x (no FlashInfer JIT needed); ``None`` lets SGLang choose elsewhere."""
-    if compute_capability is not None and compute_capability[0] == 12:
+    from slime_gb10.platform.devices import is_sm12x
+
+    if is_sm12x(compute_capability):
         return "pytorch"
     return None
 
