@@ -18,7 +18,8 @@ import torch
 from slime_gb10.nvfp4 import _cuda_gemm as gemm
 from slime_gb10.nvfp4 import _cuda_wgmma as wgmma
 from slime_gb10.nvfp4 import bench, kernels
-from slime_gb10.nvfp4.format import NVFP4Tensor, dequantize_reference, quantize
+from slime_gb10.nvfp4.format import NVFP4Tensor, dequantize_reference
+from slime_gb10.nvfp4.ops import quantize
 
 
 def weight_copies(n: int, k: int):

@@ -13,7 +13,8 @@ import sys
 import torch
 
 from slime_gb10.nvfp4 import bench, kernels
-from slime_gb10.nvfp4.format import NVFP4Tensor, quantize
+from slime_gb10.nvfp4.format import NVFP4Tensor
+from slime_gb10.nvfp4.ops import quantize
 
 SHAPES = [(1, 14336, 4096), (1, 4096, 4096)]
 

@@ -544,7 +544,7 @@ def test_wgmma_instruction_text():
     from slime_gb10.nvfp4 import _cuda_wgmma as wg
 
     for bm in (16, 64, 256):
-        text = wg._wgmma_asm(bm)
+        text = wg.wgmma_step_source(bm)
         assert f"wgmma.mma_async.sync.aligned.m64n{bm}k16.f32.bf16.bf16" in text
         n = bm // 2
         assert "{" + ",".join(f"%{r}" for r in range(n)) + "}" in text

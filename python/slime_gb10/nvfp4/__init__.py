@@ -5,9 +5,7 @@ from slime_gb10.nvfp4.format import (
     BLOCK_SIZE,
     E2M1_VALUES,
     NVFP4Tensor,
-    dequantize,
     dequantize_reference,
-    quantize,
     quantize_reference,
     relative_error,
 )
@@ -19,6 +17,7 @@ from slime_gb10.nvfp4.linear import (
     fake_quantize,
     quantize_model,
 )
+from slime_gb10.nvfp4.ops import dequantize, quantize
 
 __all__ = [
     "BACKENDS",

@@ -80,20 +80,19 @@ class WgmmaPlan(NamedTuple):
         return 128 * self.wg + 32
 
 
-def _wgmma_asm(bm: int) -> str:
-    """``wgmma_step(acc, a, desc)``: ``acc[0 .. bm/2)`` += A (registers) x B (descriptor), m64n{bm}k16."""
+def _wgmma_substitutions(bm: int) -> dict[str, str]:
+    """What ``cuda/wgmma_step.cuh`` (``wgmma_step(acc, a, desc)``: ``acc[0 .. bm/2)`` += A (registers)
+    x B (descriptor), m64n{bm}k16) needs for this BM: the accumulator operand lists."""
     n = bm // 2
-    acc = ",".join(f"%{r}" for r in range(n))
-    operands = ", ".join(f'"+f"(d[{r}])' for r in range(n))
-    return (
-        "__device__ __forceinline__ void wgmma_step(float* d, const u32* a, unsigned long long desc) {\n"
-        '    asm volatile("{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n"\n'
-        f'                 "wgmma.mma_async.sync.aligned.m64n{bm}k16.f32.bf16.bf16 {{{acc}}}, '
-        f'{{%{n},%{n + 1},%{n + 2},%{n + 3}}}, %{n + 4}, p, 1, 1, 0;\\n}}\\n"\n'
-        f"                 : {operands}\n"
-        '                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));\n'
-        "}\n"
-    )
+    subs = {"BM": str(bm), "ACC": ",".join(f"%{r}" for r in range(n))}
+    subs["OPERANDS"] = ", ".join(f'"+f"(d[{r}])' for r in range(n))
+    subs.update({f"N{i}": str(n + i) for i in range(5)})
+    return subs
+
+
+def wgmma_step_source(bm: int) -> str:
+    """``cuda/wgmma_step.cuh`` as rendered for ``bm`` (what the kernel source includes)."""
+    return render_source("wgmma_step.cuh", "", **_wgmma_substitutions(bm))
 
 
 def _source(p: WgmmaPlan) -> str:
@@ -102,7 +101,7 @@ def _source(p: WgmmaPlan) -> str:
         f"#define WG {p.wg}\n#define BM {p.bm}\n#define STAGES {p.stages}\n#define CLUSTER {p.cluster}\n"
         f"#define DEPTH {p.depth}\n#define CLUSTER_ATTR {cluster_attr}\n"
     )
-    return render_source("w4a16_wgmma.cu", defines, WGMMA_ASM=_wgmma_asm(p.bm))
+    return render_source("w4a16_wgmma.cu", defines, **_wgmma_substitutions(p.bm))
 
 
 @functools.cache

@@ -27,6 +27,7 @@ import functools
 import json
 import platform
 import sys
+from importlib.resources import files
 
 import click
 import torch
@@ -102,25 +103,7 @@ def measure_bf16_gemm(n: int = 8192) -> float:
 #: A kernel that only reads: two buffers in 16-byte loads, four in flight per thread, grid-stride.
 #: Its time over a weight's bytes, in the same CUDA-graph harness as the GEMMs, is the floor of any
 #: kernel that streams those bytes once: launch, DRAM latency and bandwidth, no compute.
-READ_KERNEL = r"""
-extern "C" __global__ void stream_read(const uint4* __restrict__ a, long long na, const uint4* __restrict__ b,
-                                       long long nb, unsigned int* sink) {
-    unsigned int acc = 0;
-    const long long tid = blockIdx.x * (long long)blockDim.x + threadIdx.x, stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = tid; i < na; i += 4 * stride) {
-        uint4 v[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) v[u] = i + u * stride < na ? __ldg(a + i + u * stride) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-        for (int u = 0; u < 4; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-    }
-    for (long long i = tid; i < nb; i += stride) {
-        const uint4 v = __ldg(b + i);
-        acc ^= v.x ^ v.y ^ v.z ^ v.w;
-    }
-    if (acc == 0x9E3779B9u) sink[0] = acc;  // never in practice; keeps the loads
-}
-"""
+READ_KERNEL = (files("slime_gb10.nvfp4") / "cuda" / "stream_read.cu").read_text(encoding="utf-8")
 
 
 @functools.cache
@@ -292,7 +275,8 @@ def bench_w4a16(
     tune: bool = True,
 ) -> list[dict]:
     from slime_gb10.nvfp4 import _cuda_w4a16, kernels
-    from slime_gb10.nvfp4.format import NVFP4Tensor, quantize
+    from slime_gb10.nvfp4.format import NVFP4Tensor
+    from slime_gb10.nvfp4.ops import quantize
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []

@@ -38,7 +38,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from slime_gb10 import __version__
-from slime_gb10.nvfp4.format import BLOCK_SIZE, GLOBAL_SCALE_DIVISOR, NVFP4Tensor, dequantize, quantize
+from slime_gb10.nvfp4.format import BLOCK_SIZE, GLOBAL_SCALE_DIVISOR, NVFP4Tensor
 from slime_gb10.nvfp4.linear import (
     NVFP4Linear,
     default_backend,
@@ -46,6 +46,7 @@ from slime_gb10.nvfp4.linear import (
     nvfp4_layers,
     quantize_model,
 )
+from slime_gb10.nvfp4.ops import dequantize, quantize
 from slime_gb10.utils.atomic import atomic_directory
 
 WEIGHTS_NAME = "model.safetensors"

@@ -72,9 +72,6 @@ class NVFP4Tensor:
     shape: torch.Size
     dtype: torch.dtype
 
-    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
-        return dequantize(self, dtype=dtype)
-
     @property
     def device(self) -> torch.device:
         return self.data.device
@@ -242,35 +239,3 @@ def relative_error(x: torch.Tensor, q: NVFP4Tensor) -> float:
     err = dequantize_reference(q, torch.float64) - ref
     denom = ref.norm()
     return float(err.norm() / denom) if denom > 0 else float(err.norm())
-
-
-# ---------------------------------------------------------------------------------------------
-# public entry points: the Triton kernel on CUDA when available, the reference elsewhere
-
-
-def quantize(x: torch.Tensor, global_scale: float | torch.Tensor | None = None) -> NVFP4Tensor:
-    """Quantize ``x`` (last dimension a multiple of 16) to NVFP4.
-
-    On a CUDA tensor with Triton installed this runs the Triton kernel (bit-identical to
-    :func:`quantize_reference`); elsewhere the reference. ``global_scale`` defaults to
-    ``amax / (6 * 448)``; a given one must be finite and > 0 (values beyond it saturate).
-
-    Raises ``ValueError`` for a non-float dtype, a last dimension not a multiple of 16, or NaN/Inf.
-    """
-    check_quantizable(x)
-    if x.is_cuda and x.numel():
-        from slime_gb10.nvfp4 import kernels
-
-        if kernels.triton_available():
-            return kernels.quantize_triton(x, global_scale)
-    return quantize_reference(x, global_scale)
-
-
-def dequantize(q: NVFP4Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Dequantize to ``dtype`` (default: the original dtype). Triton kernel on CUDA, else reference."""
-    if q.data.is_cuda and q.data.numel():
-        from slime_gb10.nvfp4 import kernels
-
-        if kernels.triton_available():
-            return kernels.dequantize_triton(q, dtype or q.dtype)
-    return dequantize_reference(q, dtype)

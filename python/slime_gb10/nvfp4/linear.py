@@ -29,10 +29,9 @@ from slime_gb10.nvfp4.format import (
     BLOCK_SIZE,
     GLOBAL_SCALE_DIVISOR,
     NVFP4Tensor,
-    dequantize,
     global_scale_from_amax,
-    quantize,
 )
+from slime_gb10.nvfp4.ops import dequantize, quantize
 
 BACKENDS = ("te", "w4a16", "qat", "reference")
 PACKED_BACKENDS = ("w4a16", "reference")

@@ -1,6 +1,7 @@
 // @include device_helpers.cuh
 // @include gemm_helpers.cuh
-@WGMMA_ASM@
+// @include wgmma_step.cuh
+
 #define CONSUMERS (128 * WG)  /* the warpgroups that decode and multiply */
 #define THREADS (CONSUMERS + 32)  /* + one producer warp that fills the stages */
 #define BN (64 * WG)  /* weight rows per block */

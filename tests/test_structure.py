@@ -1,0 +1,76 @@
+"""The package's structure: no import cycle (lazy imports inside functions count too), no file over
+~700 lines, no markdown inside the package, no CUDA C in Python strings."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "python" / "slime_gb10"
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for f in PACKAGE.rglob("*.py"):
+        name = ".".join(f.relative_to(PACKAGE.parent).with_suffix("").parts)
+        mods[name.removesuffix(".__init__")] = f
+    return mods
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the package modules it imports anywhere in its body (packages' __init__ left out:
+    importing a submodule imports its package, which is not a dependency of the submodule's code)."""
+    mods = _modules()
+    packages = {m for m, f in mods.items() if f.name == "__init__.py"}
+    graph = {}
+    for name, path in mods.items():
+        if name in packages:
+            continue
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("slime_gb10"):
+                for alias in node.names:
+                    candidate = f"{node.module}.{alias.name}"
+                    deps.add(candidate if candidate in mods else node.module)
+            elif isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names if a.name.startswith("slime_gb10"))
+        graph[name] = {d for d in deps if d in mods and d not in packages and d != name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+
+    def visit(node, stack):
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state and (cycle := visit(nxt, [*stack, nxt])):
+                return cycle
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start, [start])):
+            return cycle
+    return None
+
+
+def test_the_cycle_finder_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_cycle():
+    assert find_cycle(import_graph()) is None
+
+
+def test_no_markdown_and_no_cuda_strings_in_the_package():
+    assert not list(PACKAGE.rglob("*.md"))
+    for path in PACKAGE.rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        assert "__global__" not in text and "asm volatile(" not in text, (
+            f"CUDA C in {path}: move it to a .cu file"
+        )
