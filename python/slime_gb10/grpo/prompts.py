@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from slime_gb10.grpo import data
+from slime_gb10.grpo import data, hub_data
 
 log = logging.getLogger("slime_gb10.grpo")
 
@@ -34,10 +34,10 @@ def load_splits(cfg: Any, seed: int) -> tuple[Any, list[data.PromptExample]]:
         task = data.ArithmeticTask(seed=seed, **cfg.arithmetic)
         return task, list(task.eval_set(cfg.eval_size)) if cfg.eval_size else []
     columns = {"prompt_key": cfg.prompt_key, "answer_key": cfg.answer_key, "layout": cfg.layout}
-    examples = data.load_dataset_spec(cfg.path, "train", limit=cfg.limit, **columns)
-    eval_spec = cfg.eval_path or (cfg.path if data.hub_dataset(cfg.path) is not None else None)
+    examples = hub_data.load_dataset_spec(cfg.path, "train", limit=cfg.limit, **columns)
+    eval_spec = cfg.eval_path or (cfg.path if hub_data.hub_dataset(cfg.path) is not None else None)
     if eval_spec is not None:
-        return examples, data.load_dataset_spec(eval_spec, "test", **columns)
+        return examples, hub_data.load_dataset_spec(eval_spec, "test", **columns)
     if cfg.eval_size:
         return data.split_train_eval(examples, eval_size=cfg.eval_size, seed=seed)
     return examples, []
