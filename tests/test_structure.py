@@ -74,3 +74,19 @@ def test_no_markdown_and_no_cuda_strings_in_the_package():
         assert "__global__" not in text and "asm volatile(" not in text, (
             f"CUDA C in {path}: move it to a .cu file"
         )
+
+
+def test_nvfp4_exports_everything_it_lists_and_the_doctor_loads_no_torch():
+    import subprocess
+    import sys
+
+    import slime_gb10.nvfp4 as nvfp4
+
+    assert sorted(nvfp4.__all__) == sorted(nvfp4._EXPORTS)
+    for name in nvfp4.__all__:
+        assert getattr(nvfp4, name) is not None
+    code = "import sys, slime_gb10.platform.doctor; print('torch' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "False"  # the doctor probes torch in children only

@@ -532,7 +532,8 @@ def test_grpo_backend_pair_names():
 
 
 def test_grpo_backends_without_gpu_is_the_pytorch_path():
-    from slime_gb10.platform.doctor import DoctorContext, check_grpo_backends
+    from slime_gb10.grpo.selfcheck import check_grpo_backends
+    from slime_gb10.platform.doctor import DoctorContext
 
     ctx = DoctorContext()
     if ctx.gpu:
@@ -545,7 +546,8 @@ def test_sglang_router_is_optional_but_a_broken_one_warns(tmp_path, monkeypatch)
     """One-GPU colocated runs never use the router: missing is a skip; an install whose import
     fails (blocker #12: the x86_64-only fork wheel) is a warning with the fix. Real packages on
     sys.path and a real child interpreter, nothing of the doctor mocked."""
-    from slime_gb10.platform.doctor import DoctorContext, check_sglang_router
+    from slime_gb10.platform.checks_system import check_sglang_router
+    from slime_gb10.platform.doctor import DoctorContext
 
     (tmp_path / "sglang").mkdir()
     (tmp_path / "sglang" / "__init__.py").write_text("")
@@ -602,9 +604,11 @@ def test_sglang_router_is_optional_but_a_broken_one_warns(tmp_path, monkeypatch)
 )
 def test_w4a16_kernels_verdicts(monkeypatch, child, status, phrase):
     """The verdicts from what the probe child prints (the child itself runs on the GPU: test_doctor_on_a_real_gpu)."""
-    monkeypatch.setattr(doctor, "_installed", lambda name: True)
+    from slime_gb10.nvfp4 import selfcheck  # where the check lives (and looks these two up)
+
+    monkeypatch.setattr(selfcheck, "_installed", lambda name: True)
     monkeypatch.setattr(
-        doctor, "run_child_python", lambda code, timeout: doctor.ChildResult(0, "", "", child)
+        selfcheck, "run_child_python", lambda code, timeout: doctor.ChildResult(0, "", "", child)
     )
     result = _run(
         "w4a16_kernels", gpu_probe(capability=(9, 0), name="NVIDIA H100 80GB HBM3", integrated=False)
@@ -623,7 +627,7 @@ def test_a_package_whose_import_crashes_is_a_fail_line_not_a_dead_doctor(fake_pa
     # looking it up imports nothing (in a fresh interpreter: this one may hold the real megatron)
     probe = subprocess.run(
         [sys.executable, "-c",
-         "import sys; from slime_gb10.platform.doctor import _installed;"
+         "import sys; from slime_gb10.platform.checks import _installed;"
          "print(_installed('megatron.core'), _installed('megatron.nosuch'), 'megatron' in sys.modules)"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip

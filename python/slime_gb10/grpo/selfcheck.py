@@ -1,0 +1,58 @@
+"""The doctor's GRPO self-check: which rollout engine / policy backend pair ``auto`` picks here."""
+
+from __future__ import annotations
+
+from slime_gb10.platform.checks import (
+    CheckResult,
+    DoctorContext,
+    _ok,
+    _warn,
+    register_check,
+    run_child_python,
+)
+
+_BACKENDS_PROBE = """
+import importlib, json
+out = {}
+for name, module in (("sglang", "slime_gb10.grpo.engines.sglang_engine"),
+                     ("megatron", "slime_gb10.grpo.backends.megatron_backend")):
+    try:
+        out[name] = list(importlib.import_module(module).availability())
+    except Exception as exc:
+        out[name] = [False, f"{exc.__class__.__name__}: {exc}"]
+print(json.dumps(out))
+"""
+
+
+def grpo_backend_pair(sglang_ok: bool, megatron_ok: bool) -> str:
+    """The rollout+trainer pair ``slime-gb10 train`` resolves ``auto`` to (the trainer's own rule)."""
+    from slime_gb10.grpo.registry import auto_pair
+
+    return "+".join(auto_pair(sglang_ok, megatron_ok))
+
+
+@register_check("grpo_backends")
+def check_grpo_backends(ctx: DoctorContext) -> CheckResult:
+    """Which rollout engine + policy backend pair this machine can run (SGLang / Megatron-core, else PyTorch)."""
+    if not ctx.gpu:
+        return _ok("grpo_backends", f"auto = torch+torch (the portable PyTorch path; {ctx.no_gpu_reason()})")
+    child = run_child_python(_BACKENDS_PROBE, ctx.timeout_s)
+    if child.data is None:
+        return _warn(
+            "grpo_backends",
+            f"probing the SGLang / Megatron backends {child.how_it_ended()}; training falls back to torch+torch",
+            "run: python -c 'import slime_gb10.grpo.engines.sglang_engine' to see the error",
+        )
+    (sglang_ok, sglang_why), (megatron_ok, megatron_why) = child.data["sglang"], child.data["megatron"]
+    pair = grpo_backend_pair(sglang_ok, megatron_ok)
+    reason = f"auto = {pair} (sglang: {sglang_why}; megatron: {megatron_why})"
+    details = {"pair": pair, "sglang": child.data["sglang"], "megatron": child.data["megatron"]}
+    if ctx.gb10 and pair != "sglang+megatron":
+        return _warn(
+            "grpo_backends",
+            f"{reason}: GB10 runs best on sglang+megatron",
+            "enter the flake's environment (`nix develop`), which builds both for sm_121a, "
+            "or pip install 'slime-gb10[sglang,megatron,te]'",
+            **details,
+        )
+    return _ok("grpo_backends", reason, **details)
