@@ -165,3 +165,11 @@ def test_final_model_is_written_in_its_dtype_tied_once(tiny_dir, tokenizer, tmp_
     for name, param in backend.model.named_parameters():
         assert torch.equal(loaded.get_parameter(name), param.detach().to(dtype)), name
     assert backend.model.dtype == torch.float32  # the master weights are untouched
+
+
+def test_warmup_is_one_function_for_both_backends():
+    """Linear warmup, hand values: step s of 4 warmup steps gets (s + 1) / 4, then 1; none: 1."""
+    from slime_gb10.grpo.backends.common import warmup_factor
+
+    assert [warmup_factor(s, 4) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert warmup_factor(0, 0) == 1.0 and warmup_factor(7, 0) == 1.0

@@ -20,6 +20,13 @@ class NonFiniteError(FloatingPointError):
     """A loss or gradient was NaN/Inf; the optimizer step was not taken."""
 
 
+def warmup_factor(step: int, warmup_steps: int) -> float:
+    """The learning-rate multiplier at optimizer step ``step`` (0-based): linear warmup over
+    ``warmup_steps`` steps, ``(step + 1) / warmup_steps`` up to 1, then constant (0: no warmup).
+    Both policy backends schedule through it."""
+    return min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+
+
 def batch_to_device(batch: TokenBatch, device: torch.device) -> TokenBatch:
     if batch.input_ids.device == device:
         return batch

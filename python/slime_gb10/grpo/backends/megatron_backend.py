@@ -34,7 +34,12 @@ from typing import Any
 
 import torch
 
-from slime_gb10.grpo.backends.common import NonFiniteError, accumulate_gradients, batch_to_device
+from slime_gb10.grpo.backends.common import (
+    NonFiniteError,
+    accumulate_gradients,
+    batch_to_device,
+    warmup_factor,
+)
 from slime_gb10.grpo.backends.megatron_mapping import (
     DecoderArch,
     LayerSpecFlavor,
@@ -540,9 +545,7 @@ class MegatronPolicyBackend(PolicyBackend):
 
     # ---------------------------------------------------------------- training
     def _lr(self) -> float:
-        if not self.warmup_steps:
-            return self.base_lr
-        return self.base_lr * min(1.0, (self.steps_done + 1) / self.warmup_steps)
+        return self.base_lr * warmup_factor(self.steps_done, self.warmup_steps)
 
     def train_step(self, microbatches: Sequence[tuple[TokenBatch, dict[str, torch.Tensor]]], loss_fn):
         self.ddp_model.train()

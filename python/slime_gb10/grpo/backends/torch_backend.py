@@ -20,7 +20,12 @@ from pathlib import Path
 
 import torch
 
-from slime_gb10.grpo.backends.common import NonFiniteError, accumulate_gradients, batch_to_device
+from slime_gb10.grpo.backends.common import (
+    NonFiniteError,
+    accumulate_gradients,
+    batch_to_device,
+    warmup_factor,
+)
 from slime_gb10.grpo.interfaces import PolicyBackend, TokenBatch, TrainStepResult
 from slime_gb10.grpo.logprobs import unsupported_lm_head_features
 
@@ -124,9 +129,7 @@ class TorchPolicyBackend(PolicyBackend):
             fused=self.device.type == "cuda",
         )
         warmup = max(int(warmup_steps), 0)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
-        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: warmup_factor(s, warmup))
         self.num_parameters = sum(p.numel() for p in self.model.parameters())
 
     # ---------------------------------------------------------------- logprobs
