@@ -16,9 +16,9 @@ import sys
 import torch
 
 from slime_gb10.nvfp4 import _cuda_gemm as gemm
-from slime_gb10.nvfp4 import _cuda_wgmma as wgmma
 from slime_gb10.nvfp4 import bench, kernels
 from slime_gb10.nvfp4.format import NVFP4Tensor, dequantize_reference
+from slime_gb10.nvfp4.hopper import wgmma
 from slime_gb10.nvfp4.ops import quantize
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from slime_gb10.nvfp4 import _cuda_gemm, _cuda_w4a16, _cuda_wgmma
+from slime_gb10.nvfp4 import _cuda_gemm, _cuda_w4a16
+from slime_gb10.nvfp4.hopper import wgmma as _cuda_wgmma
 
 ROOT = Path(__file__).resolve().parents[2]
 CUDA = ROOT / "python" / "slime_gb10" / "nvfp4" / "cuda"

@@ -545,7 +545,7 @@ def test_cuda_gemm_refuses_shapes_it_cannot_tile(kernels):
 
 
 def _wgmma_engine(kernels):
-    from slime_gb10.nvfp4 import _cuda_wgmma
+    from slime_gb10.nvfp4.hopper import wgmma as _cuda_wgmma
 
     if not kernels._wgmma_engine_ok(torch.device("cuda")):
         pytest.skip("the wgmma W4A16 kernel needs an sm_90 GPU (Hopper) and NVRTC")

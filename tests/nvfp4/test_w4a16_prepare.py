@@ -417,7 +417,7 @@ def test_wgmma_plan():
     blocks of one SM each; 264 (1, 64) blocks (two an SM) where each keeps >= 8 steps of 128;
     (2, 192) instead of a (2, 256) that takes more than one wave where 0.8 x its last-wave use is
     higher; as many stages as fit up to 5 (a stage: 256 B per token + 72 B per row, 1024-aligned)."""
-    from slime_gb10.nvfp4 import _cuda_wgmma as wg
+    from slime_gb10.nvfp4.hopper import wgmma as wg
 
     def tiling(wgs, bm, stages, cluster):
         return wg.WgmmaPlan(wgs, bm, stages, cluster, depth=2)
@@ -478,7 +478,7 @@ def test_wgmma_plan():
 
 
 def test_wgmma_shared_memory_and_validity():
-    from slime_gb10.nvfp4 import _cuda_wgmma as wg
+    from slime_gb10.nvfp4.hopper import wgmma as wg
 
     # a stage: 256 B per token (two 128-byte swizzled K halves), 64 B of codes and 8 of scale codes per
     # row, rounded up to 1024 B; plus 1024 B of slack to align the first stage
@@ -509,7 +509,7 @@ def test_wgmma_tensor_maps_match_what_the_kernel_reads():
     source and evaluated."""
     import re
 
-    from slime_gb10.nvfp4 import _cuda_wgmma as wg
+    from slime_gb10.nvfp4.hopper import wgmma as wg
 
     for wgs, bm in ((1, 64), (2, 256), (1, 16), (2, 192)):
         p = wg.WgmmaPlan(wgs, bm)
@@ -541,7 +541,7 @@ def test_wgmma_tensor_maps_match_what_the_kernel_reads():
 def test_wgmma_instruction_text():
     """The generated ``wgmma`` takes ``bm / 2`` FP32 accumulators, four A registers and the B
     descriptor, with scale-d true, no negation and B not transposed (K-major)."""
-    from slime_gb10.nvfp4 import _cuda_wgmma as wg
+    from slime_gb10.nvfp4.hopper import wgmma as wg
 
     for bm in (16, 64, 256):
         text = wg.wgmma_step_source(bm)

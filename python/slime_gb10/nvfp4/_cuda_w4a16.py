@@ -52,6 +52,10 @@ from typing import NamedTuple
 
 import torch
 
+# Weights of at least this many parameters give the wide kernels enough programs to fill the GPU
+# (the split the wide Triton and the Hopper wgmma kernels' thresholds use).
+LARGE_WEIGHT_PARAMS = 1 << 24
+
 MAX_SMEM = 96 * 1024  # dynamic shared memory per block (above 48 KB by opting in; GB10 allows 99 KB)
 
 

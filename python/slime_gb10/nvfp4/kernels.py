@@ -9,7 +9,7 @@ Quantize, per 16-element block (see ``format.py`` for the formula and the choice
 block; ``s = e4m3_rne(min(amax_block / (6 * gs), 448))`` and ``code = e2m1_rne(fl(x / (s * gs)))``
 with correctly rounded quotients computed from one reciprocal per block (Markstein's theorem: two
 FMAs per element instead of a division), an exact software RNE to E4M3 and one FP32 magic-number
-addition for the E2M1 rounding. Bit-identical to the reference; ~85-89% of copy bandwidth on an H100.
+addition for the E2M1 rounding. Bit-identical to the reference.
 
 W4A16 GEMM ``y = x @ dequantize(W)^T``: the ModelOpt bytes stream as they are, with one scale code
 byte per 16 weights (:func:`prepare_w4a16`, once per weight); an inline-PTX decoder turns two codes
@@ -22,16 +22,13 @@ any M; split-K fills the GPU when M is small). Three more decode in natural k or
 codes are one BF16x2 register): the CUDA GEMM kernel (:mod:`~slime_gb10.nvfp4._cuda_gemm`,
 ``mma.sync``, taken at M = 17..64 (17..32 on large K > N layers; on sm_90 up to 32) and at
 M = 9..16 on K > N layers with N < 4096: activations by ``ldmatrix`` through a cp.async pipeline,
-split-K in a cluster), the wgmma kernel (:mod:`~slime_gb10.nvfp4._cuda_wgmma`, sm_90 only, taken at
+split-K in a cluster), the wgmma kernel (:mod:`~slime_gb10.nvfp4.hopper.wgmma`, sm_90 only, taken at
 M = 33..2048: decoded weights as the register A operand of Hopper's asynchronous warpgroup MMA,
 activations in its 128-byte swizzle, copied by the TMA unit from a producer warp, the decode of the
 next step overlapping the MMA in flight)
 and the "wide" Triton kernel, which keeps the weights in registers as the MMA's A operand (``wgmma``
-on sm_90; taken where the CUDA kernels do not run). Measured on an H100 (BENCHMARKS.md, docs/nvfp4-notes.md):
-about 2x of BF16 cuBLAS at M <= 4, 1.4-1.7x at M = 16, 1.25-1.6x at M = 32, 1.13-1.47x at M = 64,
-1.0-1.35x at M = 128, 0.83-1.0x at M = 256 and 0.68-0.9x at M = 1024 on 4096-14336 wide layers
-(the format allows ~3.5x); above the wgmma kernel's range :func:`w4a16_linear` dequantizes and calls
-cuBLAS instead (~0.9x of BF16).
+on sm_90; taken where the CUDA kernels do not run); above the wgmma kernel's range :func:`w4a16_linear`
+dequantizes and calls cuBLAS instead. Their speeds: BENCHMARKS.md (how they got there: docs/nvfp4-notes.md).
 """
 
 from __future__ import annotations
@@ -42,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from slime_gb10.nvfp4 import _cuda_gemm, _cuda_w4a16, _cuda_wgmma
+from slime_gb10.nvfp4 import _cuda_gemm, _cuda_w4a16
 from slime_gb10.nvfp4.format import (
     BLOCK_SIZE,
     NVFP4Tensor,
@@ -50,6 +47,8 @@ from slime_gb10.nvfp4.format import (
     check_quantizable,
     global_scale_from_amax,
 )
+from slime_gb10.nvfp4.hopper import wgmma as _cuda_wgmma
+from slime_gb10.nvfp4.hopper.wgmma import wgmma_is_faster
 
 
 @functools.cache
@@ -253,25 +252,11 @@ def _cuda_engine_ok(device: torch.device) -> bool:
     return _cuda_engine_available(device.index if device.index is not None else torch.cuda.current_device())
 
 
-@functools.cache
-def _wgmma_engine_available(device_index: int) -> bool:
-    if _capability(device_index) != (9, 0):  # wgmma is sm_90a only
-        return False
-    try:
-        _cuda_wgmma._kernel(device_index, _cuda_wgmma.WgmmaPlan(1, 64, stages=3, depth=2))  # NVRTC compiles
-    except Exception as exc:  # an NVRTC without sm_90a: the other kernels instead
-        import warnings
-
-        warnings.warn(f"the wgmma W4A16 kernel is unavailable ({exc})", stacklevel=3)
-        return False
-    return True
-
-
 def _wgmma_engine_ok(device: torch.device) -> bool:
     """The wgmma kernel runs here: an sm_90 device where the CUDA kernels run."""
-    if not _cuda_engine_ok(device):
-        return False
-    return _wgmma_engine_available(device.index if device.index is not None else torch.cuda.current_device())
+    return _cuda_engine_ok(device) and _cuda_wgmma.engine_available(
+        device.index if device.index is not None else torch.cuda.current_device()
+    )
 
 
 def _sm_count(device: torch.device) -> int:
@@ -356,7 +341,9 @@ def w4a16_config(M: int, N: int, K: int, sm_count: int) -> dict:
 
 
 WIDE_MAX_M = 128  # the wide kernel's last M ahead of dequantize + cuBLAS on the bench shapes (H100)
-WIDE_MIN_PARAMS = 1 << 24  # smaller weights give it too few programs (896 x 4864: 0.4x of BF16)
+WIDE_MIN_PARAMS = (
+    _cuda_w4a16.LARGE_WEIGHT_PARAMS
+)  # smaller weights give it too few programs (896 x 4864: 0.4x of BF16)
 
 
 def wide_config(
@@ -427,31 +414,6 @@ def gemm_is_faster(M: int, N: int, K: int) -> bool:
     return M <= 32 or N >= K or N * K < WIDE_MIN_PARAMS
 
 
-WGMMA_MIN_M = 32  # the wgmma kernel from M = 33 (below, the CUDA GEMM and weight-streaming kernels lead)
-WGMMA_MAX_M = 2048  # its last M ahead of dequantize + cuBLAS on weights of >= 2**24 parameters (H100) ...
-WGMMA_SMALL_MAX_M = 256  # ... on smaller ones with N <= K (896 x 4864 at 256: 0.94x of its time) ...
-WGMMA_SMALL_WIDE_MAX_M = 128  # ... and with N > K (4864 x 896 at M = 192: 1.18x; docs/nvfp4-notes.md v20)
-
-
-def wgmma_is_faster(M: int, N: int, K: int) -> bool:
-    """Whether the wgmma kernel (:mod:`~slime_gb10.nvfp4._cuda_wgmma`, sm_90 only) is the kernel to
-    take where it runs, on shapes it tiles (N % 64, K % 128): from M = 33 up to 2048 on weights of
-    >= 2**24 parameters; on smaller weights up to 256 where N <= K and up to 128 where N > K.
-    Measured on the H100 against the other kernels and dequantize + cuBLAS (docs/nvfp4-notes.md v14, v18,
-    v20): at M = 1024 and 2048 ahead on 4096 x 4096, 4096 x 14336, 8192 x 8192, 11008 x 4096 and
-    14336 x 4096 (0.78-0.98x of the time), behind on 5120 x 5120 (1.05x); at 4096 behind on
-    14336 x 4096 and 2048 x 2048 (1.13x), within 2% or ahead on the rest. On 10 smaller weights at
-    M = 192-256: ahead or level where N <= K (0.65-1.01x; 3072 x 3072 at 256 1.07x), behind on the
-    three with N > K (1.02-1.18x)."""
-    if N % 64 or K % 128:
-        return False
-    if N * K >= WIDE_MIN_PARAMS:
-        last_m = WGMMA_MAX_M
-    else:
-        last_m = WGMMA_SMALL_MAX_M if N <= K else WGMMA_SMALL_WIDE_MAX_M
-    return WGMMA_MIN_M < M <= last_m
-
-
 def fused_is_faster(M: int, N: int, K: int, cuda_kernel: bool = False, wgmma: bool = False) -> bool:
     """Whether :func:`w4a16_linear` takes a fused kernel: measured crossovers on the H100 (any
     weight up to M=16; where the CUDA kernels run (``cuda_kernel``), up to M=32 on shapes one of them
@@ -515,7 +477,7 @@ def w4a16_matmul(
     contiguous BF16 ``[M, N]`` output buffer. ``engine``: ``"cuda"`` (the NVRTC kernel of
     :mod:`~slime_gb10.nvfp4._cuda_w4a16`: M <= 32, N % 32 == 0, K % 128 == 0, sm_90+), ``"gemm"``
     (the NVRTC GEMM kernel of :mod:`~slime_gb10.nvfp4._cuda_gemm`: any M, N % 64 == 0,
-    K % 128 == 0, sm_90+), ``"wgmma"`` (the NVRTC kernel of :mod:`~slime_gb10.nvfp4._cuda_wgmma` on
+    K % 128 == 0, sm_90+), ``"wgmma"`` (the NVRTC kernel of :mod:`~slime_gb10.nvfp4.hopper.wgmma` on
     Hopper's warpgroup MMA: any M, N % 64 == 0, K % 128 == 0, sm_90 only), ``"triton"``, ``"wide"``
     (the Triton kernel with the weights as the MMA's first operand, for M above 16: N % 64 == 0,
     K % 128 == 0; ``config`` then overrides :func:`wide_config`), or None: the wgmma kernel where

@@ -45,6 +45,7 @@ from typing import NamedTuple
 import torch
 
 from slime_gb10.nvfp4._cuda_w4a16 import (
+    LARGE_WEIGHT_PARAMS,
     aligned_rows,
     check_weights,
     compile_kernel,
@@ -355,3 +356,45 @@ def plan(M: int, N: int, K: int, sm_count: int, smem_limit: int = HOPPER_SMEM) -
         if valid(p, M, N, K, smem_limit):
             return p
     return None
+
+
+@functools.cache
+def engine_available(device_index: int) -> bool:
+    """This device is an sm_90 one and NVRTC compiles the kernel for it (a warning says why not)."""
+    if torch.cuda.get_device_capability(device_index) != (9, 0):  # wgmma is sm_90a only
+        return False
+    try:
+        _kernel(device_index, WgmmaPlan(1, 64, stages=3, depth=2))  # NVRTC compiles
+    except Exception as exc:  # an NVRTC without sm_90a: the other kernels instead
+        import warnings
+
+        warnings.warn(f"the wgmma W4A16 kernel is unavailable ({exc})", stacklevel=3)
+        return False
+    return True
+
+
+# --- when to take it (measured on the H100) ---------------------------------------------------------
+
+WGMMA_MIN_M = 32  # the wgmma kernel from M = 33 (below, the CUDA GEMM and weight-streaming kernels lead)
+WGMMA_MAX_M = 2048  # its last M ahead of dequantize + cuBLAS on weights of >= 2**24 parameters (H100) ...
+WGMMA_SMALL_MAX_M = 256  # ... on smaller ones with N <= K (896 x 4864 at 256: 0.94x of its time) ...
+WGMMA_SMALL_WIDE_MAX_M = 128  # ... and with N > K (4864 x 896 at M = 192: 1.18x; docs/nvfp4-notes.md v20)
+
+
+def wgmma_is_faster(M: int, N: int, K: int) -> bool:
+    """Whether the wgmma kernel (this module, sm_90 only) is the kernel to
+    take where it runs, on shapes it tiles (N % 64, K % 128): from M = 33 up to 2048 on weights of
+    >= 2**24 parameters; on smaller weights up to 256 where N <= K and up to 128 where N > K.
+    Measured on the H100 against the other kernels and dequantize + cuBLAS (docs/nvfp4-notes.md v14, v18,
+    v20): at M = 1024 and 2048 ahead on 4096 x 4096, 4096 x 14336, 8192 x 8192, 11008 x 4096 and
+    14336 x 4096 (0.78-0.98x of the time), behind on 5120 x 5120 (1.05x); at 4096 behind on
+    14336 x 4096 and 2048 x 2048 (1.13x), within 2% or ahead on the rest. On 10 smaller weights at
+    M = 192-256: ahead or level where N <= K (0.65-1.01x; 3072 x 3072 at 256 1.07x), behind on the
+    three with N > K (1.02-1.18x)."""
+    if N % 64 or K % 128:
+        return False
+    if N * K >= LARGE_WEIGHT_PARAMS:
+        last_m = WGMMA_MAX_M
+    else:
+        last_m = WGMMA_SMALL_MAX_M if N <= K else WGMMA_SMALL_WIDE_MAX_M
+    return WGMMA_MIN_M < M <= last_m
