@@ -175,7 +175,11 @@ def test_optimizer_steps_reduce_a_supervised_loss_and_export_streams_hf_weights(
     from slime_gb10.grpo.weight_sync import receive
 
     config, hf = hf_model("tiny_llama", torch.float32)
-    backend = mb.MegatronPolicyBackend(hf, tokenizer=None, device="cuda", lr=3e-3, max_grad_norm=1.0)
+    from slime_gb10.grpo.config import TrainConfig
+
+    backend = mb.MegatronPolicyBackend(
+        hf, tokenizer=None, device="cuda", train=TrainConfig(lr=3e-3, max_grad_norm=1.0)
+    )
     batch = _random_batch(config.vocab_size, seed=3)
 
     def nll(logprobs, entropy, batch, extras):

@@ -29,7 +29,9 @@ def tiny_dir(tokenizer, tmp_path_factory):
 
 def make_backend(tiny_dir, tokenizer, **kwargs):
     model = load_causal_lm(str(tiny_dir))
-    return TorchPolicyBackend(model, tokenizer, "cpu", lr=kwargs.pop("lr", 1e-3), **kwargs)
+    from slime_gb10.grpo.config import TrainConfig
+
+    return TorchPolicyBackend(model, tokenizer, "cpu", train=TrainConfig(lr=kwargs.pop("lr", 1e-3)), **kwargs)
 
 
 def random_batch(tokenizer, seed=0, rows=4):

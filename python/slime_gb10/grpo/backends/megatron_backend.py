@@ -47,6 +47,7 @@ from slime_gb10.grpo.backends.megatron_mapping import (
     hf_to_megatron,
     megatron_to_hf,
 )
+from slime_gb10.grpo.config import TrainConfig
 from slime_gb10.grpo.interfaces import PolicyBackend, TokenBatch, TrainStepResult
 
 if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
@@ -451,12 +452,7 @@ class MegatronPolicyBackend(PolicyBackend):
         tokenizer,
         device: torch.device | str,
         *,
-        lr: float,
-        betas: tuple[float, float] = (0.9, 0.99),
-        eps: float = 1e-8,
-        weight_decay: float = 0.0,
-        max_grad_norm: float = 1.0,
-        warmup_steps: int = 0,
+        train: TrainConfig,
         temperature: float = 1.0,
         transfer_dtype: torch.dtype = torch.bfloat16,
         transformer_impl: str = "auto",
@@ -481,8 +477,8 @@ class MegatronPolicyBackend(PolicyBackend):
         self.hf_config = hf_model.config
         self.temperature = temperature if temperature > 0 else 1.0
         self.transfer_dtype = transfer_dtype
-        self.max_grad_norm = max_grad_norm
-        self.base_lr, self.warmup_steps, self.steps_done = lr, max(int(warmup_steps), 0), 0
+        self.max_grad_norm = train.max_grad_norm
+        self.base_lr, self.warmup_steps, self.steps_done = train.lr, train.warmup_steps, 0
         self.precision = precision
         self.recipe = te_recipe(precision)
         self.pad_to = 16 if self.recipe is not None else 1
@@ -505,11 +501,11 @@ class MegatronPolicyBackend(PolicyBackend):
 
         self.ddp_model, self.optimizer = build_optimizer(
             self.model,
-            lr=lr,
-            betas=betas,
-            eps=eps,
-            weight_decay=weight_decay,
-            max_grad_norm=max_grad_norm,
+            lr=train.lr,
+            betas=tuple(train.adam_betas),
+            eps=train.adam_eps,
+            weight_decay=train.weight_decay,
+            max_grad_norm=train.max_grad_norm,
             use_distributed_optimizer=use_distributed_optimizer,
         )
         self.num_parameters = sum(p.numel() for p in self.model.parameters())
@@ -643,12 +639,7 @@ def build_backend(config, tokenizer, device) -> MegatronPolicyBackend:
         hf_model,
         tokenizer,
         device,
-        lr=config.train.lr,
-        betas=tuple(config.train.adam_betas),
-        eps=config.train.adam_eps,
-        weight_decay=config.train.weight_decay,
-        max_grad_norm=config.train.max_grad_norm,
-        warmup_steps=config.train.warmup_steps,
+        train=config.train,
         temperature=config.rollout.temperature,
         transfer_dtype=transfer_dtype,
         transformer_impl=mcfg.transformer_impl,

@@ -26,6 +26,7 @@ from slime_gb10.grpo.backends.common import (
     batch_to_device,
     warmup_factor,
 )
+from slime_gb10.grpo.config import TrainConfig
 from slime_gb10.grpo.interfaces import PolicyBackend, TokenBatch, TrainStepResult
 from slime_gb10.grpo.logprobs import unsupported_lm_head_features
 
@@ -94,12 +95,7 @@ class TorchPolicyBackend(PolicyBackend):
         tokenizer,
         device: torch.device | str,
         *,
-        lr: float,
-        betas: tuple[float, float] = (0.9, 0.99),
-        eps: float = 1e-8,
-        weight_decay: float = 0.0,
-        max_grad_norm: float = 1.0,
-        warmup_steps: int = 0,
+        train: TrainConfig,
         temperature: float = 1.0,
         autocast_dtype: torch.dtype | None = None,
         transfer_dtype: torch.dtype = torch.float32,
@@ -112,7 +108,7 @@ class TorchPolicyBackend(PolicyBackend):
         self.temperature = temperature if temperature > 0 else 1.0
         self.autocast_dtype = autocast_dtype
         self.transfer_dtype = transfer_dtype
-        self.max_grad_norm = max_grad_norm
+        self.max_grad_norm = train.max_grad_norm
         if gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.config.use_cache = False
@@ -122,13 +118,13 @@ class TorchPolicyBackend(PolicyBackend):
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             params,
-            lr=lr,
-            betas=betas,
-            eps=eps,
-            weight_decay=weight_decay,
+            lr=train.lr,
+            betas=tuple(train.adam_betas),
+            eps=train.adam_eps,
+            weight_decay=train.weight_decay,
             fused=self.device.type == "cuda",
         )
-        warmup = max(int(warmup_steps), 0)
+        warmup = train.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: warmup_factor(s, warmup))
         self.num_parameters = sum(p.numel() for p in self.model.parameters())
 
@@ -268,12 +264,7 @@ def build_backend(config, tokenizer, device) -> TorchPolicyBackend:
         model,
         tokenizer,
         device,
-        lr=config.train.lr,
-        betas=tuple(config.train.adam_betas),
-        eps=config.train.adam_eps,
-        weight_decay=config.train.weight_decay,
-        max_grad_norm=config.train.max_grad_norm,
-        warmup_steps=config.train.warmup_steps,
+        train=config.train,
         temperature=config.rollout.temperature,
         autocast_dtype=autocast,
         transfer_dtype=engine_dtype(config, device),
