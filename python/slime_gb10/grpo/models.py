@@ -71,12 +71,27 @@ def convert_gguf(gguf_path: Path, target: Path) -> Path:
     return target
 
 
+def _is_converted(directory: Path) -> bool:
+    """A finished conversion: its config and its weights (a directory holding only a tokenizer and a
+    config, e.g. one copied for tokenizer-only tests, is not one)."""
+    return (directory / "config.json").is_file() and any(directory.glob("*.safetensors"))
+
+
 def default_model_dir() -> Path:
     """HF directory of the embedded SmolLM2 (converted from the GGUF on first use)."""
     target = cache_root() / SMOLLM2_CACHE_NAME
-    if (target / "config.json").is_file():
+    if _is_converted(target):
         return target
     return convert_gguf(find_smollm2_gguf(), target)
+
+
+def default_tokenizer_dir() -> Path:
+    """Where the embedded model's tokenizer is: the cache directory when it holds one (a finished
+    conversion, or a tokenizer copied there without weights), else :func:`default_model_dir`."""
+    target = cache_root() / SMOLLM2_CACHE_NAME
+    if (target / "tokenizer_config.json").is_file() or (target / "tokenizer.json").is_file():
+        return target
+    return default_model_dir()
 
 
 def resolve_model_path(name_or_path: str | None) -> str:
@@ -88,7 +103,7 @@ def resolve_model_path(name_or_path: str | None) -> str:
         if not path.is_file():
             raise ModelLoadError(f"model file '{path}' does not exist")
         target = cache_root() / f"gguf-{path.stem.lower()}-{path.stat().st_size}"
-        if (target / "config.json").is_file():
+        if _is_converted(target):
             return str(target)
         return str(convert_gguf(path, target))
     if path.exists():
