@@ -1,8 +1,8 @@
 """Time a grid of fused W4A16 kernel configurations for a few (M, N, K), and run each config once
 more for ``ncu`` (--profile). Development tool: the benchmark of record is ``slime-gb10 bench nvfp4``.
 
-    python3 benchmarks/nvfp4/profile_w4a16.py grid
-    ncu --kernel-name w4a16_kernel --launch-skip 0 --launch-count 4 ... python3 benchmarks/nvfp4/profile_w4a16.py profile
+    python3 benchmarks/nvfp4/dev/profile_w4a16.py grid
+    ncu --kernel-name w4a16_kernel --launch-skip 0 --launch-count 4 ... python3 benchmarks/nvfp4/dev/profile_w4a16.py profile
 """
 
 import itertools

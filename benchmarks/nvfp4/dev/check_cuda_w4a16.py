@@ -3,8 +3,8 @@
 then a timing sweep of all valid tilings against BF16 cuBLAS (CUDA graphs, weight copies rotating
 through more than L2), marking the one `plan` picks. Writes the sweep as JSON to argv[1] if given.
 
-    python3 benchmarks/nvfp4/check_cuda_w4a16.py [sweep.json [M,M,...]]   (timed M: 1,4,16 by default)
-    ncu ... python3 benchmarks/nvfp4/check_cuda_w4a16.py profile M N K nt cluster rw depth rows loads stages minb window [warps line]
+    python3 benchmarks/nvfp4/dev/check_cuda_w4a16.py [sweep.json [M,M,...]]   (timed M: 1,4,16 by default)
+    ncu ... python3 benchmarks/nvfp4/dev/check_cuda_w4a16.py profile M N K nt cluster rw depth rows loads stages minb window [warps line]
 
 The second form runs one tiling and BF16 cuBLAS four times each on that shape, for ``ncu``."""
 

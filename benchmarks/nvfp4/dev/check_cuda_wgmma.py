@@ -4,7 +4,7 @@ not a multiple of the token tile, uneven K splits), then a timing sweep of the t
 cuBLAS, the mma.sync GEMM kernel's plan and what `w4a16_linear` does today (CUDA graphs, weight
 copies rotating through more than L2). Writes the sweep as JSON to argv[1] if given.
 
-    python3 benchmarks/nvfp4/check_cuda_wgmma.py [sweep.json [M,M,...] [NxK,NxK,...]]
+    python3 benchmarks/nvfp4/dev/check_cuda_wgmma.py [sweep.json [M,M,...] [NxK,NxK,...]]
     (timed M: 64,128,256,1024 and the benchmark's four layers by default)
 """
 

@@ -4,7 +4,7 @@ M not a multiple of the token tile, uneven K splits), then a timing sweep of the
 BF16 cuBLAS and what `w4a16_linear` does today (CUDA graphs, weight copies rotating through more
 than L2), marking the one `plan` picks. Writes the sweep as JSON to argv[1] if given.
 
-    python3 benchmarks/nvfp4/check_cuda_gemm.py [sweep.json [M,M,...]]   (timed M: 32,64,128,256 by default)
+    python3 benchmarks/nvfp4/dev/check_cuda_gemm.py [sweep.json [M,M,...]]   (timed M: 32,64,128,256 by default)
 """
 
 import concurrent.futures

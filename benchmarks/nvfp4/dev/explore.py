@@ -1,7 +1,7 @@
 """Device exploration for the NVFP4 kernels: a subset of ``slime-gb10 bench nvfp4`` (the real
 benchmark), with chosen shapes and M values, writing the JSON and the table under $OUT.
 
-    python3 benchmarks/nvfp4/explore.py --m 1,16,64,256,4096 --shapes 4096x4096,14336x4096
+    python3 benchmarks/nvfp4/dev/explore.py --m 1,16,64,256,4096 --shapes 4096x4096,14336x4096
 """
 
 import argparse
