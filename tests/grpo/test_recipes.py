@@ -24,3 +24,11 @@ def test_the_gb10_recipe_is_slimes_run():
 def test_flags_override_a_recipe():
     c = build_config("gsm8k-smollm2-135m", {"train.steps": 3}, ["data.path=/data/train.jsonl"])
     assert c.train.steps == 3 and c.data.path == "/data/train.jsonl" and c.rollout.group_size == 16
+
+
+def test_the_auto_reward_is_decided_in_one_place():
+    from slime_gb10.grpo.config import DataConfig
+
+    assert DataConfig().reward_spec() == "arithmetic"
+    assert DataConfig(task="file", path="x.jsonl").reward_spec() == "gsm8k"
+    assert DataConfig(task="file", path="x.jsonl", reward="boxed_math").reward_spec() == "boxed_math"

@@ -351,10 +351,7 @@ def run_eval(config: GRPOConfig):
         raise ConfigError(
             "the held-out split is empty: set data.eval_size > 0, --eval-data, or --num-prompts"
         )
-    spec = config.data.reward
-    reward_fn = get_reward(
-        spec if spec != "auto" else ("arithmetic" if config.data.task == "arithmetic" else "gsm8k")
-    )
+    reward_fn = get_reward(config.data.reward_spec())
     tokenizer = load_tokenizer(resolve_model_path(config.model.name_or_path), config.model.trust_remote_code)
     prompts = PromptEncoder.from_config(tokenizer, config)
     examples = prompts.drop_long(examples, "eval")[: config.eval.num_prompts]

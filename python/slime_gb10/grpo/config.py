@@ -76,6 +76,13 @@ class DataConfig(_Section):
     # steps in a row: such a run would train on zero rewards forever.
     max_failed_reward_steps: int = Field(default=3, ge=1)
 
+    def reward_spec(self) -> str:
+        """The reward spec this data is scored with: ``reward``, or for "auto" the task's own
+        (arithmetic for the arithmetic task, gsm8k-style answers for a file)."""
+        if self.reward != "auto":
+            return self.reward
+        return "arithmetic" if self.task == "arithmetic" else "gsm8k"
+
     @model_validator(mode="after")
     def _file_needs_path(self) -> DataConfig:
         if self.task == "file" and not self.path:

@@ -169,8 +169,7 @@ class GRPOTrainer:
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
         self._build_data()
-        reward_spec = cfg.data.reward if cfg.data.reward != "auto" else self._default_reward()
-        self.reward_fn = get_reward(reward_spec)
+        self.reward_fn = get_reward(cfg.data.reward_spec())
         if self.tokenizer is None:
             self.tokenizer = load_tokenizer(
                 resolve_model_path(cfg.model.name_or_path), cfg.model.trust_remote_code
@@ -208,9 +207,6 @@ class GRPOTrainer:
         self.logger = RunLogger(self.run_dir, cfg.output.report_to, cfg.model_dump(mode="json"))
         self._sync_weights()  # the engine starts from exactly the trainer's weights
         self._boundary = self._snapshot()
-
-    def _default_reward(self) -> str:
-        return "arithmetic" if self.config.data.task == "arithmetic" else "gsm8k"
 
     def _build_data(self) -> None:
         cfg = self.config.data
