@@ -7,6 +7,7 @@ import click
 from slime_gb10.cli import LazyGroup
 
 BENCHMARKS = {
+    "grpo": "slime_gb10.grpo.bench:bench_grpo_command",
     "nvfp4": "slime_gb10.nvfp4.bench:bench_nvfp4_command",
 }
 

@@ -11,7 +11,13 @@ import math
 import pytest
 import torch
 
-from slime_gb10.grpo.engines.torch_engine import TorchRolloutEngine, filter_logits, sample_next_token
+from slime_gb10.grpo.engines.torch_engine import (
+    GRAPH_REPLAY_TOLERANCE,
+    TorchRolloutEngine,
+    filter_logits,
+    graph_replay_error,
+    sample_next_token,
+)
 from slime_gb10.grpo.interfaces import SamplingParams
 from slime_gb10.grpo.models import (
     eos_token_ids,
@@ -228,3 +234,49 @@ def test_generation_emits_no_deprecation_warning(tiny_dir, tokenizer):
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
         engine.generate(_prompts(tokenizer), SamplingParams(max_new_tokens=3, temperature=0.0))
+
+
+def test_graph_replay_error_is_the_relative_l2_error():
+    eager = torch.tensor([[3.0, -4.0], [0.0, 0.0]])  # ||eager|| = 5
+    assert graph_replay_error(eager.clone(), eager) == 0.0
+    assert graph_replay_error(eager + torch.tensor([[0.0, 0.05], [0.0, 0.0]]), eager) == pytest.approx(0.01)
+    assert graph_replay_error(eager[:1], eager) == math.inf
+
+
+def _one_decode_step(model, tokenizer, dtype, stale_token=False):
+    """Logits of one static-cache decode step after a prefill (the step a CUDA graph captures)."""
+    from slime_gb10.grpo.engines.torch_engine import StaticDecoder
+
+    model = model.to(dtype)
+    prompts = _prompts(tokenizer)
+    width, cache_len = max(map(len, prompts)), 64
+    ids = torch.full((len(prompts), width), tokenizer.pad_token_id)
+    valid = torch.zeros((len(prompts), width), dtype=torch.bool)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p) :], valid[row, width - len(p) :] = torch.tensor(p), True
+    decoder = StaticDecoder(model, len(prompts), cache_len)
+    mask = torch.zeros((len(prompts), 1, width, cache_len), dtype=torch.bool)
+    causal = torch.tril(torch.ones((width, width), dtype=torch.bool))
+    mask[:, 0, :, :width] = (causal[None] & valid[:, None, :]) | torch.eye(width, dtype=torch.bool)[None]
+    positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = decoder.forward(ids, positions, torch.arange(width), mask)
+        step_mask = torch.zeros((len(prompts), 1, 1, cache_len), dtype=torch.bool)
+        step_mask[:, 0, 0, : width + 1] = torch.cat([valid, torch.ones(len(prompts), 1, dtype=torch.bool)], 1)
+        step_pos = valid.long().sum(-1, keepdim=True)
+        token = logits.argmax(-1)[:, None]
+        token = (token + 7) % logits.shape[-1] if stale_token else token
+        return decoder.forward(token, step_pos, torch.tensor([width]), step_mask).float()
+
+
+def test_graph_replay_tolerance_passes_rounding_and_catches_a_baked_in_position(tiny_dir, tokenizer):
+    """The check accepts what BF16 rounding does to a decode step (BF16 vs FP32 weights: a larger
+    difference than a replay's other kernel choices) and rejects a capture bug of the kind a graph
+    can have: an input buffer not refreshed before the replay (the step sees the previous token)."""
+    exact = _one_decode_step(load_causal_lm(str(tiny_dir)), tokenizer, torch.float32)
+    rounded = _one_decode_step(load_causal_lm(str(tiny_dir)), tokenizer, torch.bfloat16)
+    stale = _one_decode_step(load_causal_lm(str(tiny_dir)), tokenizer, torch.bfloat16, stale_token=True)
+    limit = GRAPH_REPLAY_TOLERANCE[torch.bfloat16]
+    assert graph_replay_error(rounded, exact) <= limit
+    assert graph_replay_error(stale, rounded) > limit
+    assert graph_replay_error(exact, exact) <= GRAPH_REPLAY_TOLERANCE[torch.float32]

@@ -75,6 +75,10 @@ class RolloutEngine(abc.ABC):
     def wake(self) -> None:  # noqa: B027 - optional hook
         """Take the memory back after training."""
 
+    def stats(self) -> dict[str, float]:
+        """Numbers about the engine itself for the step's metrics row (``rollout/<key>``)."""
+        return {}
+
     def health_check(self) -> None:  # noqa: B027 - optional hook
         """Raise ``RuntimeError`` with a clear message if the engine is dead."""
 

@@ -449,6 +449,7 @@ class GRPOTrainer:
                 if train_time > 0 and train_tokens
                 else float("nan"),
                 "step_time_s": step_time,
+                **{f"rollout/{key}": value for key, value in self.engine.stats().items()},
             }
             if cuda:
                 row["peak_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30

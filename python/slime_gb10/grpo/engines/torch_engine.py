@@ -155,6 +155,26 @@ class StaticDecoder:
         return self.lm_head(last)
 
 
+#: Largest relative error ``|replay - eager| / |eager|`` (L2 over the logits) accepted from a captured
+#: decode step. A replay is bitwise equal only when every kernel picks the same algorithm; under
+#: capture cuBLAS and SDPA may choose others (another workspace, split-K), so in BF16 a correct graph
+#: differs from eager by rounding that grows through the layers. On SmolLM2-135M-Instruct single
+#: logits moved by up to 0.625, which the old max-abs test (0.1% of the largest logit) rejected,
+#: turning graphs off on real models (issue #27; numbers in BENCHMARKS.md). A capture bug (a host value baked into the
+#: graph, a stale buffer) moves the logits by O(1) relative error, far above these limits.
+GRAPH_REPLAY_TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 2e-2}
+
+
+def graph_replay_error(replayed: torch.Tensor, eager: torch.Tensor) -> float:
+    """``||replayed - eager||_2 / ||eager||_2`` over all logits, in FP32 (inf if shapes differ)."""
+    if replayed.shape != eager.shape:
+        return float("inf")
+    replayed, eager = replayed.float(), eager.float()
+    return float(
+        torch.linalg.vector_norm(replayed - eager) / torch.linalg.vector_norm(eager).clamp_min(1e-30)
+    )
+
+
 class _GraphedStep:
     """One decode step of a :class:`StaticDecoder` captured as a CUDA graph, with its static inputs."""
 
@@ -228,6 +248,7 @@ class TorchRolloutEngine(RolloutEngine):
         self.decode = decode
         self._decoders: dict[tuple[int, int], StaticDecoder] = {}
         self._graphs: dict[tuple[int, int], _GraphedStep] = {}
+        self.graph_fallback: str | None = None  # why CUDA-graph decoding was turned off, if it was
         log.info("torch rollout engine: %s decoding on %s", self.decode, self.device)
 
     # ---------------------------------------------------------------- generation
@@ -404,21 +425,28 @@ class TorchRolloutEngine(RolloutEngine):
         if step_inputs.graph is None:
             try:
                 step_inputs.capture()
-                # the first replay must equal the eager step (same inputs, idempotent cache writes)
-                eager = step_inputs._run().float()
-                graphed = step_inputs.replay().float()
-                scale = float(eager.abs().max()) + 1e-6
-                if not torch.allclose(graphed, eager, atol=1e-3 * scale, rtol=0):
+                # the first replay must compute what the eager step computes (same inputs, idempotent
+                # cache writes), up to the rounding of the weight dtype: see graph_replay_error
+                eager = step_inputs._run()
+                error = graph_replay_error(step_inputs.replay(), eager)
+                limit = GRAPH_REPLAY_TOLERANCE.get(eager.dtype, GRAPH_REPLAY_TOLERANCE[torch.bfloat16])
+                if not error <= limit:
                     raise RuntimeError(
-                        f"graph replay differs from eager by {float((graphed - eager).abs().max()):.3g}"
+                        f"graph replay differs from eager: relative error {error:.3g} > {limit:g}"
                     )
+                log.debug("CUDA graph for batch %d, cache %d: replay error %.2g", *key, error)
             except Exception as exc:  # any capture problem: stay correct, lose only speed
                 log.warning("CUDA-graph decode disabled (%s); decoding eagerly with the static cache", exc)
                 self.decode = "static"
+                self.graph_fallback = str(exc)
                 self._graphs.clear()
                 return step_inputs._run()
             self._graphs[key] = step_inputs
         return step_inputs.replay()
+
+    def stats(self) -> dict[str, float]:
+        """``cuda_graph``: 1 while decode steps replay CUDA graphs, 0 after a fallback (or off a GPU)."""
+        return {"cuda_graph": float(self.decode == "cuda_graph")}
 
     def _stop_strings_hit(self, tokens, finished, stops, stop_hit) -> torch.Tensor:
         """Rows whose recent text contains a stop string (checked on the host; only when stops are given)."""
