@@ -1,0 +1,52 @@
+"""Where a rollout's time goes: torch.profiler over one generate() of a ``bench grpo`` shape's
+random-init model (written by ``slime-gb10 bench grpo --work-dir``), top CUDA kernels and the
+share of the wall time the GPU was busy.
+
+    python benchmarks/grpo/profile_rollout.py WORK_DIR/model-B --prompts 160 --new-tokens 512
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from slime_gb10.grpo.engines.torch_engine import TorchRolloutEngine
+from slime_gb10.grpo.interfaces import SamplingParams
+from slime_gb10.grpo.models import eos_token_ids, load_causal_lm, load_tokenizer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("--prompts", type=int, default=160)
+    parser.add_argument("--prompt-tokens", type=int, default=48)
+    parser.add_argument("--new-tokens", type=int, default=512)
+    args = parser.parse_args()
+    tokenizer = load_tokenizer(args.model)
+    model = load_causal_lm(args.model, dtype=torch.bfloat16).cuda()
+    engine = TorchRolloutEngine(model, tokenizer, "cuda", eos_token_ids=eos_token_ids(tokenizer, model))
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(100, 40000, (args.prompts, args.prompt_tokens), generator=g).tolist()
+    params = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, seed=0)
+    engine.generate(prompts, params)  # capture + warm-up
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    engine.generate(prompts, params)
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        engine.generate(prompts, params)
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    cuda_total = sum(e.self_device_time_total for e in events) / 1e6
+    print(
+        f"decode={engine.decode}; wall {wall:.3f} s unprofiled; GPU busy {cuda_total:.3f} s in the profiled run"
+    )
+    print(events.table(sort_by="self_device_time_total", row_limit=18, max_name_column_width=60))
+
+
+if __name__ == "__main__":
+    main()
