@@ -68,14 +68,14 @@ def main() -> None:
     tokenizer = load_tokenizer(path)
     with open(args.prompts, encoding="utf-8") as fh:
         questions = [json.loads(line)["question"] for _, line in zip(range(args.batch), fh)]
-    prompts = [
-        tokenizer.apply_chat_template(
+    prompts = []
+    for q in questions:
+        ids = tokenizer.apply_chat_template(
             [{"role": "user", "content": q + "\nPut the final answer after ####."}],
             add_generation_prompt=True,
+            tokenize=True,
         )
-        for q in questions
-    ]
-    prompts = [p["input_ids"] if isinstance(p, dict) else list(p) for p in prompts]
+        prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
     bf16 = load_causal_lm(path, dtype=torch.bfloat16).cuda().eval()
     fp32 = load_causal_lm(path, dtype=torch.float32).cuda().eval()
     eager, replay = one_step(bf16, prompts, tokenizer.pad_token_id, graph=True)

@@ -125,6 +125,8 @@ def test_command_refuses_unknown_shapes_and_a_machine_without_gpu():
     runner = CliRunner()
     bad = runner.invoke(bench_grpo_command, ["--shapes", "A,Z"])
     assert bad.exit_code == 2 and "unknown shape(s) Z" in bad.output
+    no_value = runner.invoke(bench_grpo_command, ["--set", "rollout.compile_decode"])
+    assert no_value.exit_code == 2 and "expected section.key=value" in no_value.output
     if not torch.cuda.is_available():
         no_gpu = runner.invoke(bench_grpo_command, ["--shapes", "A", "--tokenizer", "unused"])
         assert no_gpu.exit_code == 1 and "needs a CUDA GPU" in no_gpu.output

@@ -280,3 +280,67 @@ def test_graph_replay_tolerance_passes_rounding_and_catches_a_baked_in_position(
     assert graph_replay_error(rounded, exact) <= limit
     assert graph_replay_error(stale, rounded) > limit
     assert graph_replay_error(exact, exact) <= GRAPH_REPLAY_TOLERANCE[torch.float32]
+
+
+def test_fused_projections_decode_like_the_hf_forward_and_follow_weight_sync(tokenizer):
+    """Qwen2 (q/k/v biases): the static decoder's one-GEMM q/k/v and gate/up give HF's greedy tokens
+    and logprobs; the original parameters are views into the fused matrices, so a weight sync (which
+    copies into the parameters) changes what the fused GEMMs compute."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from slime_gb10.grpo.engines.torch_engine import FUSED_GATE_UP, FUSED_QKV
+    from slime_gb10.grpo.weight_sync import make_weight_stream
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, initializer_range=0.2,
+    )  # fmt: skip
+    torch.manual_seed(5)
+    reference = Qwen2ForCausalLM(config).eval()
+    model = Qwen2ForCausalLM(config).eval()
+    model.load_state_dict(reference.state_dict())
+    eos = eos_token_ids(tokenizer, model)
+    static = TorchRolloutEngine(model, tokenizer, "cpu", eos_token_ids=eos, decode="static")
+    dynamic = TorchRolloutEngine(reference, tokenizer, "cpu", eos_token_ids=eos, decode="dynamic")
+    attn = model.model.layers[0].self_attn
+    weight, bias = getattr(attn, FUSED_QKV)
+    assert attn.k_proj.weight.data_ptr() == weight[attn.q_proj.weight.shape[0]].data_ptr()
+    assert bias is not None and getattr(model.model.layers[0].mlp, FUSED_GATE_UP).shape == (2 * 96, 64)
+
+    params = SamplingParams(max_new_tokens=10, temperature=0.0)
+    prompts = _prompts(tokenizer)
+    a, b = static.generate(prompts, params), dynamic.generate(prompts, params)
+    assert [g.completion_ids for g in a] == [g.completion_ids for g in b]
+    for x, y in zip(a, b):
+        assert x.completion_logprobs == pytest.approx(y.completion_logprobs, abs=1e-4)
+
+    # new weights through the weight stream reach the fused GEMMs
+    torch.manual_seed(6)
+    new = Qwen2ForCausalLM(config).eval()
+    named = list(new.named_parameters())
+    static.update_weights(make_weight_stream(lambda: named, bucket_bytes=1 << 30, transfer_dtype=None))
+    assert torch.equal(
+        getattr(attn, FUSED_QKV)[0][: attn.q_proj.weight.shape[0]],
+        new.model.layers[0].self_attn.q_proj.weight,
+    )
+    fresh = TorchRolloutEngine(new, tokenizer, "cpu", eos_token_ids=eos, decode="dynamic")
+    c, d = static.generate(prompts, params), fresh.generate(prompts, params)
+    assert [g.completion_ids for g in c] == [g.completion_ids for g in d]
+
+
+def test_compiled_decode_step_gives_the_same_greedy_tokens(tiny_dir, tokenizer):
+    """rollout.compile_decode: torch.compile (inductor) of the static decode step changes speed, not
+    the tokens (FP32 on CPU here; on a GPU the step is compiled, then captured as a CUDA graph)."""
+    model = load_causal_lm(str(tiny_dir))
+    eos = eos_token_ids(tokenizer, model)
+    plain = TorchRolloutEngine(model, tokenizer, "cpu", eos_token_ids=eos, decode="static")
+    params = SamplingParams(max_new_tokens=8, temperature=0.0)
+    prompts = _prompts(tokenizer)
+    expected = [g.completion_ids for g in plain.generate(prompts, params)]
+    compiled = TorchRolloutEngine(
+        model, tokenizer, "cpu", eos_token_ids=eos, decode="static", compile_decode=True
+    )
+    got = compiled.generate(prompts, params)
+    decoder = next(iter(compiled._decoders.values()))
+    assert decoder.step is not decoder.forward  # the compiled step was used
+    assert [g.completion_ids for g in got] == expected

@@ -207,8 +207,10 @@ def run_shape(
     steps: int,
     micro_batch_size: int,
     data: str | None = None,
+    settings: dict | None = None,
 ) -> dict:
-    """Train ``steps`` steps on ``shape``; the per-step rows with roofline fractions and MFU."""
+    """Train ``steps`` steps on ``shape``; the per-step rows with roofline fractions and MFU.
+    ``settings``: further config overrides (``section.key`` -> value), e.g. engine options."""
     from slime_gb10.grpo.config import build_config
     from slime_gb10.grpo.trainer import GRPOTrainer
 
@@ -239,7 +241,7 @@ def run_shape(
     }
     if data:
         overrides["data.path"] = data
-    config = build_config(overrides=overrides)
+    config = build_config(overrides={**overrides, **(settings or {})})
     trainer = GRPOTrainer(config)
     try:
         trainer.setup()
@@ -300,7 +302,9 @@ def summarize(result: dict) -> dict:
 
 def format_table(result: dict) -> str:
     ceil = result["ceilings"]
+    settings = " ".join(f"--set {k}={v}" for k, v in result.get("settings", {}).items())
     lines = [
+        *([f"settings: {settings}"] if settings else []),
         f"device {ceil['device']}: copy {ceil['copy_gbps']:.0f} GB/s, BF16 GEMM {ceil['bf16_tflops']:.0f} TFLOP/s "
         f"measured (datasheet {ceil.get('datasheet_gbps') or '-'} GB/s, {ceil.get('datasheet_bf16_tflops') or '-'} "
         "TFLOP/s); medians of the steps after the first",
@@ -334,6 +338,7 @@ def run_benchmark(
     tokenizer_dir: str,
     work_dir: Path,
     data: str | None,
+    settings: dict | None = None,
 ) -> dict:
     import torch
 
@@ -341,6 +346,7 @@ def run_benchmark(
         raise click.ClickException("bench grpo needs a CUDA GPU (it measures the device's limits)")
     ceilings = measure_ceilings()
     result = {
+        "settings": settings or {},
         "ceilings": ceilings,
         "shapes": [],
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
@@ -349,7 +355,7 @@ def run_benchmark(
         log.info("shape %s: %s", name, SHAPES[name].about)
         shape_result = run_shape(
             SHAPES[name], ceilings, work_dir=work_dir, tokenizer_dir=tokenizer_dir, steps=steps,
-            micro_batch_size=micro_batch_size, data=data,
+            micro_batch_size=micro_batch_size, data=data, settings=settings,
         )  # fmt: skip
         shape_result["summary"] = summarize(shape_result)
         result["shapes"].append(shape_result)
@@ -373,9 +379,18 @@ def run_benchmark(
     help="Models and runs (default: a temp dir).",
 )
 @click.option(
+    "--set",
+    "settings",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A config override, e.g. rollout.compile_decode=true.",
+)
+@click.option(
     "--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Also write the result here."
 )
-def bench_grpo_command(shapes, steps, micro_batch_size, tokenizer_dir, data, work_dir, json_path) -> None:
+def bench_grpo_command(
+    shapes, steps, micro_batch_size, tokenizer_dir, data, work_dir, settings, json_path
+) -> None:
     """Our GRPO step on fixed-work shapes: rollout vs the decode roofline, train MFU, sync, memory."""
     from slime_gb10.grpo.models import default_tokenizer_dir
     from slime_gb10.utils.atomic import atomic_write_text
@@ -384,9 +399,13 @@ def bench_grpo_command(shapes, steps, micro_batch_size, tokenizer_dir, data, wor
     unknown = [n for n in names if n not in SHAPES]
     if unknown:
         raise click.UsageError(f"unknown shape(s) {', '.join(unknown)}; choose from {', '.join(SHAPES)}")
+    bad = [item for item in settings if "=" not in item]
+    if bad:
+        raise click.UsageError(f"--set {bad[0]!r}: expected section.key=value")
+    overrides = dict(item.split("=", 1) for item in settings)
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="slime-gb10-bench-grpo-"))
     result = run_benchmark(
-        names, steps=steps, micro_batch_size=micro_batch_size, work_dir=work, data=data,
+        names, steps=steps, micro_batch_size=micro_batch_size, work_dir=work, data=data, settings=overrides,
         tokenizer_dir=tokenizer_dir or str(default_tokenizer_dir()),
     )  # fmt: skip
     if json_path:
