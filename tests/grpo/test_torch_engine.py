@@ -175,6 +175,32 @@ def test_cuda_graph_decoding_matches_dynamic_on_gpu(tiny_dir, tokenizer):
     assert len(graphed._graphs) == 1
 
 
+@pytest.mark.gpu
+def test_a_failing_compile_falls_back_to_the_plain_graphed_step(tiny_dir, tokenizer, monkeypatch):
+    """If torch.compile cannot build the decode step (a toolchain problem on some box), the engine
+    keeps CUDA graphs with the uncompiled step and says so, instead of failing the run."""
+
+    def broken_compile(fn, **_):
+        def step(*args):
+            raise RuntimeError("inductor: no working compiler (simulated)")
+
+        return step
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    model = load_causal_lm(str(tiny_dir)).to("cuda")
+    eos = eos_token_ids(tokenizer, model)
+    engine = TorchRolloutEngine(
+        model, tokenizer, "cuda", eos_token_ids=eos, decode="cuda_graph", compile_decode=True
+    )
+    dynamic = TorchRolloutEngine(model, tokenizer, "cuda", eos_token_ids=eos, decode="dynamic")
+    params = SamplingParams(max_new_tokens=8, temperature=0.0)
+    got = engine.generate(_prompts(tokenizer), params)
+    assert engine.decode == "cuda_graph" and not engine.compile_decode and engine._graphs
+    assert [g.completion_ids for g in got] == [
+        g.completion_ids for g in dynamic.generate(_prompts(tokenizer), params)
+    ]
+
+
 def test_sliding_window_models_stay_off_the_full_attention_static_path():
     """Found in review: Mistral has no use_sliding_window flag, so its window went unnoticed and the
     static cache decoded it with full attention (logprobs off by up to 4.6)."""

@@ -107,10 +107,10 @@ class RolloutConfig(_Section):
     # torch engine decoding: "auto" = CUDA-graph decode steps over a static KV cache on a GPU
     # (Llama/Qwen2/Qwen3/Mistral), the HF forward with a dynamic cache otherwise.
     decode: Literal["auto", "dynamic", "static", "cuda_graph"] = "auto"
-    compile_decode: bool = Field(
-        default=False,
-        description="torch engine: compile the static-cache decode step with torch.compile (fuses the "
-        "norms, rotary and activations; one compile per batch and cache size, tens of seconds each).",
+    compile_decode: bool | None = Field(
+        default=None,
+        description="torch engine: torch.compile the static-cache decode step (fuses norms, rotary and "
+        "activations; one compile per batch and cache size). None: on with CUDA-graph decoding.",
     )
 
 

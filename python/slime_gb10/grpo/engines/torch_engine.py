@@ -281,7 +281,7 @@ class TorchRolloutEngine(RolloutEngine):
         eos_token_ids: Sequence[int],
         generation_batch_size: int | None = None,
         decode: str = "auto",
-        compile_decode: bool = False,
+        compile_decode: bool | None = None,
     ):
         self.model = model.eval().requires_grad_(False)
         self.tokenizer = tokenizer
@@ -310,7 +310,11 @@ class TorchRolloutEngine(RolloutEngine):
         self.decode = decode
         if decode != "dynamic":
             fuse_projections(self.model)
-        self.compile_decode = compile_decode and decode != "dynamic"
+        # None: compile where it was measured to pay (issue #27: shape B's rollout 2.18 -> 1.20 s on an
+        # H100), i.e. with CUDA graphs; on a CPU the compile costs more than it saves in a short run
+        if compile_decode is None:
+            compile_decode = decode == "cuda_graph"
+        self.compile_decode = bool(compile_decode) and decode != "dynamic"
         if self.compile_decode:
             # One compiled graph per StaticDecoder (batch, cache length): more than dynamo's default
             # of 8 per function in a long run with evaluations; past the limit it would run eagerly.
@@ -497,18 +501,17 @@ class TorchRolloutEngine(RolloutEngine):
             return step_inputs._run()
         if step_inputs.graph is None:
             try:
-                step_inputs.capture()
-                # the first replay must compute what the eager step computes (same inputs, idempotent
-                # cache writes), up to the rounding of the weight dtype: see graph_replay_error
-                eager = step_inputs._run()
-                error = graph_replay_error(step_inputs.replay(), eager)
-                limit = GRAPH_REPLAY_TOLERANCE.get(eager.dtype, GRAPH_REPLAY_TOLERANCE[torch.bfloat16])
-                if not error <= limit:
-                    raise RuntimeError(
-                        f"graph replay differs from eager: relative error {error:.3g} > {limit:g}"
-                    )
-                log.debug("CUDA graph for batch %d, cache %d: replay error %.2g", *key, error)
-            except Exception as exc:  # any capture problem: stay correct, lose only speed
+                self._capture_checked(key, step_inputs)
+            except Exception as exc:
+                decoder = step_inputs.decoder
+                if decoder.step != decoder.forward:  # compiling failed: capture the plain step instead
+                    log.warning("compiled decode step unusable (%s); using the uncompiled one", exc)
+                    self.compile_decode = False
+                    for other in self._decoders.values():
+                        other.step = other.forward
+                    step_inputs.graph = step_inputs.logits = None
+                    return self._decode_step(key, step_inputs)
+                # any capture problem: stay correct, lose only speed
                 log.warning("CUDA-graph decode disabled (%s); decoding eagerly with the static cache", exc)
                 self.decode = "static"
                 self.graph_fallback = str(exc)
@@ -516,6 +519,18 @@ class TorchRolloutEngine(RolloutEngine):
                 return step_inputs._run()
             self._graphs[key] = step_inputs
         return step_inputs.replay()
+
+    @staticmethod
+    def _capture_checked(key, step_inputs: _GraphedStep) -> None:
+        """Capture; the first replay must compute what the eager step computes (same inputs,
+        idempotent cache writes), up to the rounding of the weight dtype (graph_replay_error)."""
+        step_inputs.capture()
+        eager = step_inputs._run()
+        error = graph_replay_error(step_inputs.replay(), eager)
+        limit = GRAPH_REPLAY_TOLERANCE.get(eager.dtype, GRAPH_REPLAY_TOLERANCE[torch.bfloat16])
+        if not error <= limit:
+            raise RuntimeError(f"graph replay differs from eager: relative error {error:.3g} > {limit:g}")
+        log.debug("CUDA graph for batch %d, cache %d: replay error %.2g", *key, error)
 
     def stats(self) -> dict[str, float]:
         """``cuda_graph``: 1 while decode steps replay CUDA graphs, 0 after a fallback (or off a GPU)."""
