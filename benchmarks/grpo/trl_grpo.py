@@ -27,6 +27,12 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument(
+        "--micro-batch",
+        type=int,
+        default=None,
+        help="completions per forward/backward (default: all at once)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="write the result JSON here too")
     args = parser.parse_args()
@@ -77,11 +83,15 @@ def main() -> None:
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     completions_per_step = args.prompts * args.group
+    micro = args.micro_batch or completions_per_step
+    if completions_per_step % micro:
+        parser.error(f"--micro-batch {micro} must divide prompts x group = {completions_per_step}")
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl-grpo-"),
-        per_device_train_batch_size=completions_per_step,  # one optimizer step per generation batch
-        gradient_accumulation_steps=1,
-        steps_per_generation=1,
+        # one optimizer step per generation batch of completions_per_step, in micro-batches
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=completions_per_step // micro,
+        steps_per_generation=completions_per_step // micro,
         num_generations=args.group,
         max_completion_length=args.max_new_tokens,
         temperature=1.0,

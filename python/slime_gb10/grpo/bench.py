@@ -21,6 +21,7 @@ no reward, and the comparison with TRL (``benchmarks/grpo/``) needs TRL's work p
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import statistics
@@ -49,6 +50,7 @@ class Shape:
     prompts: int  # prompts per step
     group: int  # samples per prompt
     max_new_tokens: int
+    micro_batch: int = 64  # sequences per forward/backward: what fits 80 GB without recomputation
     tied: bool = True
 
     @property
@@ -61,9 +63,11 @@ SHAPES = {
     for s in (
         Shape("A", "SmolLM2-135M", "llama", 576, 30, 9, 3, 1536, 49152, 8, 8, 128),
         Shape("B", "Qwen2.5-0.5B body, SmolLM2 vocab", "qwen2", 896, 24, 14, 2, 4864, 49152, 20, 8, 512),
-        Shape("C", "Qwen2.5-1.5B body, SmolLM2 vocab", "qwen2", 1536, 28, 12, 2, 8960, 49152, 16, 8, 256),
+        Shape("C", "Qwen2.5-1.5B body, SmolLM2 vocab", "qwen2", 1536, 28, 12, 2, 8960, 49152, 16, 8, 256, 16),
         # the GB10 recipe gsm8k-qwen2.5-0.5b-gb10 (slime PR #1835's run): Qwen2.5-0.5B, 20 x 8, 1,024 tokens
-        Shape("gsm8k-0.5b", "Qwen2.5-0.5B (GB10 recipe)", "qwen2", 896, 24, 14, 2, 4864, 151936, 20, 8, 1024),
+        Shape(
+            "gsm8k-0.5b", "Qwen2.5-0.5B (GB10 recipe)", "qwen2", 896, 24, 14, 2, 4864, 151936, 20, 8, 1024, 16
+        ),
     )
 }
 
@@ -205,7 +209,7 @@ def run_shape(
     work_dir: Path,
     tokenizer_dir: str,
     steps: int,
-    micro_batch_size: int,
+    micro_batch_size: int | None = None,
     data: str | None = None,
     settings: dict | None = None,
 ) -> dict:
@@ -223,7 +227,7 @@ def run_shape(
         "output.dir": str(work_dir / f"run-{shape.name}-{time.strftime('%Y%m%d-%H%M%S')}"),
         "train.steps": steps,
         "train.lr": 1e-6,
-        "train.micro_batch_size": micro_batch_size,
+        "train.micro_batch_size": micro_batch_size or shape.micro_batch,
         "rollout.prompts_per_step": shape.prompts,
         "rollout.group_size": shape.group,
         "rollout.max_new_tokens": shape.max_new_tokens,
@@ -318,7 +322,11 @@ def format_table(result: dict) -> str:
         return "-" if x is None else f"{100 * x:.1f}%"
 
     for shape_result in result["shapes"]:
-        shape, s = shape_result["shape"], shape_result["summary"]
+        shape = shape_result["shape"]
+        if "error" in shape_result:
+            lines.append(f"| {shape['name']} ({shape['about']}) | failed: {shape_result['error'][:80]} |")
+            continue
+        s = shape_result["summary"]
         lines.append(
             f"| {shape['name']} ({shape['about']}) | {shape_result['costs']['params'] / 1e6:.0f}M "
             f"| {shape['prompts']}×{shape['group']} | {shape['max_new_tokens']} | {s['step_s']:.3f} "
@@ -334,7 +342,7 @@ def run_benchmark(
     shapes: list[str],
     *,
     steps: int,
-    micro_batch_size: int,
+    micro_batch_size: int | None,
     tokenizer_dir: str,
     work_dir: Path,
     data: str | None,
@@ -353,12 +361,23 @@ def run_benchmark(
     }
     for name in shapes:
         log.info("shape %s: %s", name, SHAPES[name].about)
-        shape_result = run_shape(
-            SHAPES[name], ceilings, work_dir=work_dir, tokenizer_dir=tokenizer_dir, steps=steps,
-            micro_batch_size=micro_batch_size, data=data, settings=settings,
-        )  # fmt: skip
-        shape_result["summary"] = summarize(shape_result)
+        try:
+            shape_result = run_shape(
+                SHAPES[name], ceilings, work_dir=work_dir, tokenizer_dir=tokenizer_dir, steps=steps,
+                micro_batch_size=micro_batch_size, data=data, settings=settings,
+            )  # fmt: skip
+            shape_result["summary"] = summarize(shape_result)
+        except torch.OutOfMemoryError as exc:  # report it and go on with the other shapes
+            first = str(exc).splitlines()[0]
+            log.error("shape %s: out of memory (%s)", name, first)
+            shape_result = {
+                "shape": asdict(SHAPES[name]),
+                "costs": asdict(model_costs(SHAPES[name])),
+                "error": first,
+            }
         result["shapes"].append(shape_result)
+        gc.collect()
+        torch.cuda.empty_cache()
     return result
 
 
@@ -369,7 +388,7 @@ def run_benchmark(
 @click.option(
     "--steps", default=3, show_default=True, type=click.IntRange(2), help="Steps per shape (first = warm-up)."
 )
-@click.option("--micro-batch-size", default=64, show_default=True, type=click.IntRange(1))
+@click.option("--micro-batch-size", default=None, type=click.IntRange(1), help="Default: each shape's own.")
 @click.option("--tokenizer", "tokenizer_dir", default=None, help="Tokenizer directory (default: SmolLM2's).")
 @click.option("--data", default=None, help="Prompts (a data.path value); default: the arithmetic task.")
 @click.option(
