@@ -130,19 +130,57 @@ def test_filter_logits_hand_computed():
     assert not torch.isinf(filter_logits(logits, top_p=0.01)[0, 0])
 
 
-def test_exponential_race_sampling_has_the_right_distribution():
+def test_keyed_sampling_has_the_right_distribution():
     probs = torch.tensor([0.1, 0.2, 0.7])
     logits = probs.log().expand(40000, 3).contiguous()
-    gen = torch.Generator().manual_seed(0)
-    tokens, logprobs = sample_next_token(logits, SamplingParams(temperature=1.0), gen)
+    keys = torch.arange(40000) + 123
+    tokens, logprobs = sample_next_token(logits, SamplingParams(temperature=1.0), keys, step=0)
     freq = torch.bincount(tokens, minlength=3).double() / tokens.numel()
     # 4 sigma of a binomial proportion with n = 40000 is < 0.01
     torch.testing.assert_close(freq, probs.double(), atol=0.01, rtol=0)
     torch.testing.assert_close(logprobs, probs.log()[tokens], atol=1e-6, rtol=0)
+    # the same keys at another step draw afresh: a row's successive tokens are independent
+    again, _ = sample_next_token(logits, SamplingParams(temperature=1.0), keys, step=1)
+    joint = torch.bincount(tokens * 3 + again, minlength=9).double() / tokens.numel()
+    torch.testing.assert_close(joint, torch.outer(probs, probs).flatten().double(), atol=0.01, rtol=0)
     # temperature 0.5 squares and renormalises the probabilities
-    tokens, logprobs = sample_next_token(probs.log()[None], SamplingParams(temperature=0.5), gen)
+    tokens, logprobs = sample_next_token(probs.log()[None], SamplingParams(temperature=0.5), keys[:1])
     sharp = probs**2 / (probs**2).sum()
     assert math.isclose(float(logprobs[0]), float(sharp.log()[tokens[0]]), abs_tol=1e-6)
+
+
+def test_row_uniforms_are_uniform_and_depend_only_on_key_and_step():
+    from slime_gb10.grpo.engines.torch_engine import row_uniforms
+
+    keys = torch.arange(100_000) + 2**40  # keys above 2^32 use their high half too
+    u = row_uniforms(keys, step=7)
+    assert u.dtype == torch.float64 and float(u.min()) >= 0.0 and float(u.max()) < 1.0
+    counts = torch.histc(u.float(), bins=10, min=0.0, max=1.0)
+    assert float((counts - 10_000).abs().max()) < 500  # 5 sigma of a bin count
+    assert torch.equal(row_uniforms(keys[5:6], 7), u[5:6])  # alone or in a batch: the same draw
+    assert not torch.equal(row_uniforms(keys, 8), u)
+    assert not torch.equal(row_uniforms(keys - 2**40, 7), u)
+
+
+def test_zero_probability_tokens_are_never_sampled():
+    logits = torch.tensor([[0.0, float("-inf"), 0.0, float("-inf")]]).expand(5000, 4)
+    tokens, _ = sample_next_token(logits, SamplingParams(temperature=1.0), torch.arange(5000))
+    assert set(tokens.tolist()) == {0, 2}
+    scores = torch.randn(2000, 50, generator=torch.Generator().manual_seed(1))
+    top1, _ = sample_next_token(scores, SamplingParams(temperature=1.0, top_k=1), torch.arange(2000))
+    assert torch.equal(top1, scores.argmax(-1))  # top-k 1 leaves one token of probability 1
+
+
+def test_a_rows_sample_does_not_depend_on_the_rest_of_the_batch(engine, tokenizer):
+    """Row i of a call with seed s is row 0 of a call with seed s + i alone: what lets N
+    data-parallel ranks reproduce a 1-rank run (issue #28)."""
+    prompts = _prompts(tokenizer)
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, seed=40)
+    together = engine.generate(prompts, params)
+    for i, prompt in enumerate(prompts):
+        alone = engine.generate([prompt], SamplingParams(max_new_tokens=12, temperature=1.0, seed=40 + i))[0]
+        assert alone.completion_ids == together[i].completion_ids
+        assert alone.completion_logprobs == pytest.approx(together[i].completion_logprobs, abs=1e-5)
 
 
 def test_stop_strings_cut_the_completion(engine, tokenizer):

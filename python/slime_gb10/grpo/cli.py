@@ -63,6 +63,7 @@ def _cli_overrides() -> dict:
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Exception types whose message is the whole story (printed without a traceback)."""
     from slime_gb10.grpo.checkpoint import CheckpointError
+    from slime_gb10.grpo.distributed import LaunchError
     from slime_gb10.grpo.metrics import ReporterUnavailableError
     from slime_gb10.grpo.models import ModelLoadError
     from slime_gb10.grpo.registry import BackendUnavailableError
@@ -80,6 +81,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         TrainingDiverged,
         OutputPathError,
         RewardError,
+        LaunchError,
     ]
     try:
         from slime_gb10.grpo.data import DatasetError
@@ -232,8 +234,8 @@ def train_command(config_file, sets, data_path, verbose, resume_dir, overwrite, 
         raise click.ClickException(str(exc)) from None
     finally:
         trainer.close()
-    run_dir = Path(config.output.dir)
-    _report(history, run_dir)
+    if trainer.dist.is_main:  # the other ranks of a torchrun job have nothing to report
+        _report(history, Path(config.output.dir))
 
 
 def _report(history: list[dict], run_dir: Path) -> None:

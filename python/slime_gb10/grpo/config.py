@@ -131,6 +131,12 @@ class TrainConfig(_Section):
     minibatches: int = Field(default=1, ge=1)
     epochs: int = Field(default=1, ge=1)
     micro_batch_size: int = Field(default=32, ge=1)  # sequences per forward/backward
+    dist_timeout_s: int = Field(
+        default=1800,
+        ge=1,
+        description="Under torchrun: seconds a collective waits for the other ranks before the job fails "
+        "(rank 0 evaluating alone counts against it).",
+    )
     seed: int = Field(default=0, description="Seed of the data order, the sampling and the weights' init.")
     deterministic: bool = False  # torch.use_deterministic_algorithms (CPU resume tests)
 

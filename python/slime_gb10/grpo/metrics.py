@@ -133,6 +133,75 @@ class RunLogger:
             self._wandb.finish()
 
 
+def step_row(
+    step: int,
+    ranks: list[dict],
+    *,
+    pass_threshold: float,
+    lr: float,
+    grad_norm: float,
+    engine_stats: dict[str, float],
+) -> dict:
+    """The ``metrics.jsonl`` row of one GRPO step from each rank's part (one part on one rank).
+
+    A part holds its samples' ``rewards``, completion ``lengths``, ``truncated`` flags, per-group
+    ``zero_variance`` flags, ``reward_errors``, the backend's ``train_metrics`` (empty if the rank
+    trained nothing), ``train_tokens``, its share of the ``loss`` (already divided by the global
+    count, so the shares add up) and its phase ``times`` in seconds (the slowest rank's count).
+    """
+    rewards = [r for part in ranks for r in part["rewards"]]
+    lengths = [n for part in ranks for n in part["lengths"]]
+    truncated = [t for part in ranks for t in part["truncated"]]
+    zero_variance = [z for part in ranks for z in part["zero_variance"]]
+    trained = [part["train_metrics"] for part in ranks if part["train_metrics"]]
+
+    def train_metric(key: str, default: float = math.nan) -> float:
+        values = [m[key] for m in trained if key in m]
+        return sum(values) / len(values) if values else default
+
+    def slowest(phase: str) -> float:
+        return max(part["times"][phase] for part in ranks)
+
+    n = len(rewards)
+    mean = sum(rewards) / n
+    rollout_s, train_s = slowest("rollout"), slowest("train")
+    train_tokens = sum(part["train_tokens"] for part in ranks)
+    return {
+        "step": step,
+        "reward_mean": mean,
+        "reward_std": math.sqrt(sum((r - mean) ** 2 for r in rewards) / max(n - 1, 1)),
+        "pass_rate": sum(r >= pass_threshold for r in rewards) / n,
+        "response_len_mean": sum(lengths) / n,
+        "truncated_frac": sum(truncated) / n,
+        "zero_variance_groups": sum(zero_variance) / len(zero_variance),
+        **{key: train_metric(key) for key in ("entropy", "kl", "clip_frac", "ratio_mean", "tis_weight_mean")},
+        "loss": sum(part["loss"] for part in ranks),
+        "grad_norm": grad_norm,
+        "lr": train_metric("lr", lr),
+        "reward_errors": sum(part["reward_errors"] for part in ranks),
+        "rollout_time_s": rollout_s,
+        "train_time_s": train_s,
+        "sync_time_s": slowest("sync"),
+        "rollout_tokens_per_s": sum(lengths) / rollout_s if rollout_s > 0 else math.nan,
+        "train_tokens_per_s": train_tokens / train_s if train_s > 0 and train_tokens else math.nan,
+        "step_time_s": slowest("step"),
+        **{f"rollout/{key}": value for key, value in engine_stats.items()},
+    }
+
+
+class NullLogger:
+    """What ranks other than 0 log to: nothing (rank 0 writes the run's files)."""
+
+    def log_step(self, row: dict) -> None:
+        pass
+
+    def log_samples(self, rows: list[dict]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def eval_summary(row: dict) -> str:
     """``pass@1 0.406, pass@4 0.781, response_len_mean 36.2`` from a row's ``eval/`` keys."""
     shown = {

@@ -11,7 +11,8 @@ Each step::
     engine.update_weights(backend.export_weights())    # weight sync through a chunk stream
 
 plus evaluation every ``eval.every`` steps and a checkpoint every ``output.checkpoint_every`` (and
-at the end when that is set; Ctrl-C always writes one).
+at the end when that is set; Ctrl-C always writes one). Under ``torchrun`` each rank runs this
+loop on its share of the prompts (:mod:`slime_gb10.grpo.distributed`); rank 0 writes the run.
 With one epoch and one minibatch the "old" policy of the PPO ratio IS the current one, so its
 logprobs are the detached current logprobs (no extra forward; the ratio is 1 and the gradient
 is the plain policy gradient); otherwise they are computed once before the first update.
@@ -33,8 +34,9 @@ import torch
 
 from slime_gb10.grpo.batching import Sample, collate, split_microbatches
 from slime_gb10.grpo.config import GRPOConfig
+from slime_gb10.grpo.distributed import DistContext
 from slime_gb10.grpo.interfaces import Generation, SamplingParams
-from slime_gb10.grpo.metrics import eval_summary
+from slime_gb10.grpo.metrics import NullLogger, eval_summary, step_row
 from slime_gb10.grpo.prompts import PromptEncoder, load_splits
 
 log = logging.getLogger(__name__)
@@ -125,6 +127,7 @@ class GRPOTrainer:
         self._mid_step = False  # inside a step's update..log: memory is not a step boundary
         self._failed_reward_steps = 0  # consecutive steps whose every reward failed
         self._run = None  # the locked run directory (rundir.RunDirectory), from setup() to close()
+        self.dist = DistContext()  # rank and world size under torchrun (distributed.init in setup)
 
     # ------------------------------------------------------------------ setup
     def setup(self, resume: bool | str | Path = False, *, overwrite: bool = False) -> None:
@@ -135,13 +138,24 @@ class GRPOTrainer:
         in the directory (without it, a fresh run into a used directory is refused). If setup
         fails, a directory it created is removed again.
         """
+        from slime_gb10.grpo import distributed
         from slime_gb10.grpo.rundir import open_run_dir
+        from slime_gb10.utils.atomic import OutputPathError
 
-        self._run = open_run_dir(self.run_dir, resume=bool(resume), overwrite=overwrite)
+        self.dist = distributed.init(self.config)  # refuses a bad launch before anything loads
+        problem = None
+        if self.dist.is_main:  # rank 0 alone owns the run directory
+            try:
+                self._run = open_run_dir(self.run_dir, resume=bool(resume), overwrite=overwrite)
+            except OutputPathError as exc:
+                problem = exc
+        if any(self.dist.gather(None if problem is None else str(problem))):
+            raise problem or OutputPathError(f"rank 0 could not open the run directory '{self.run_dir}'")
         try:
             self._setup(resume)
         except BaseException:
-            self._run.abandon()
+            if self._run is not None:
+                self._run.abandon()
             self._run = None
             raise
 
@@ -183,10 +197,17 @@ class GRPOTrainer:
 
         if resumed is not None:
             path, policy_state, trainer_state = resumed
+            saved_world = int(trainer_state.get("world_size", 1))
+            if saved_world != self.dist.world_size:
+                raise ckpt.CheckpointError(
+                    f"checkpoint '{path}' was written by {saved_world} rank(s) and holds each one's RNG state; "
+                    f"resume it with {saved_world} (torchrun --nproc-per-node {saved_world}), not {self.dist.world_size}"
+                )
             try:
                 self.backend.load_state_dict(policy_state)
                 self.sampler.load_state_dict(trainer_state["sampler"])
-                ckpt.set_rng_state(trainer_state["rng"])
+                ranks = trainer_state.get("rank_rng") or [trainer_state["rng"]]
+                ckpt.set_rng_state(ranks[self.dist.rank])
             except (KeyError, ValueError, RuntimeError, TypeError) as exc:
                 raise ckpt.CheckpointError(
                     f"checkpoint '{path}' does not fit this run: {str(exc).strip().splitlines()[0]}"
@@ -197,14 +218,19 @@ class GRPOTrainer:
             # checkpoint (a save of step N + k must never find the discarded one in its place).
             truncate_after(self.run_dir / METRICS_FILE, self.step)
             truncate_after(self.run_dir / SAMPLES_FILE, self.step)
-            for later_step, later in ckpt.list_checkpoints(self.run_dir):
+            for later_step, later in ckpt.list_checkpoints(self.run_dir) if self.dist.is_main else []:
                 if later_step > self.step:
                     log.warning("removing checkpoint %s: the run resumes from step %d", later, self.step)
                     shutil.rmtree(later)
             self._last_checkpoint = path
             log.info("resumed from %s (step %d)", path, self.step)
-        atomic_write_text(self.run_dir / "config.yaml", cfg.to_yaml())
-        self.logger = RunLogger(self.run_dir, cfg.output.report_to, cfg.model_dump(mode="json"))
+        if self.dist.is_main:
+            atomic_write_text(self.run_dir / "config.yaml", cfg.to_yaml())
+            self.logger = RunLogger(self.run_dir, cfg.output.report_to, cfg.model_dump(mode="json"))
+        else:
+            self.logger = NullLogger()
+        if self.dist.enabled:  # every rank sums its gradients with the others before clipping
+            self.backend.grad_sync = self.dist.all_reduce_gradients
         self._sync_weights()  # the engine starts from exactly the trainer's weights
         self._boundary = self._snapshot()
 
@@ -268,14 +294,20 @@ class GRPOTrainer:
         from slime_gb10.grpo.checkpoint import save_checkpoint
 
         assert self._boundary is not None and self._boundary["step"] == self.step
-        path = save_checkpoint(
-            self.run_dir,
-            self.step,
-            self.backend.state_dict(),
-            self._boundary,
-            keep=self.config.output.keep_checkpoints,
-            reason=reason,
-        )
+        state = {**self._boundary, "world_size": self.dist.world_size}
+        if self.dist.enabled:  # every rank's RNG state; rank 0 writes (a collective: all ranks call save)
+            state["rank_rng"] = self.dist.gather(self._boundary["rng"])
+        path = self.run_dir / "checkpoints" / f"step-{self.step:06d}"
+        if self.dist.is_main:
+            path = save_checkpoint(
+                self.run_dir,
+                self.step,
+                self.backend.state_dict(),
+                state,
+                keep=self.config.output.keep_checkpoints,
+                reason=reason,
+            )
+        self.dist.barrier()
         self._last_checkpoint = path
         return path
 
@@ -286,13 +318,19 @@ class GRPOTrainer:
         cfg = self.config
         history: list[dict] = []
         progress = None
-        if cfg.output.progress:
+        if cfg.output.progress and self.dist.is_main:
             from tqdm.auto import tqdm
 
             progress = tqdm(
                 total=cfg.train.steps, initial=self.step, desc="GRPO", unit="step", dynamic_ncols=True
             )
-        if cfg.eval.every and cfg.eval.at_start and self.step == 0 and self.eval_examples:
+        if (
+            cfg.eval.every
+            and cfg.eval.at_start
+            and self.step == 0
+            and self.eval_examples
+            and self.dist.is_main
+        ):
             start = time.perf_counter()
             row = {"step": 0, **{f"eval/{k}": v for k, v in self.run_eval().metrics.items()}}
             row["eval_time_s"] = time.perf_counter() - start
@@ -317,20 +355,24 @@ class GRPOTrainer:
                 if every and (self.step % every == 0 or self.step == cfg.train.steps):
                     self.save("final" if self.step == cfg.train.steps else "periodic")
         except KeyboardInterrupt:
-            if self._mid_step:  # the weights in memory are half-way through a step: write nothing
+            # several ranks: a checkpoint needs all of them, and some may already be gone
+            if (
+                self._mid_step or self.dist.enabled
+            ):  # the weights in memory are half-way through a step: write nothing
                 raise TrainingInterrupted(self._last_checkpoint, self.step, written=False) from None
             path = self.save("interrupt") if self._boundary is not None else None
             raise TrainingInterrupted(path, self.step) from None
         finally:
             if progress is not None:
                 progress.close()
-        if cfg.eval.at_end and history and self.eval_examples:
+        if cfg.eval.at_end and history and self.eval_examples and self.dist.is_main:
             self._final_eval()
-        if cfg.output.save_final_model:
+        if cfg.output.save_final_model and self.dist.is_main:
             from slime_gb10.utils.atomic import atomic_directory
 
             with atomic_directory(self.run_dir / "final_model") as tmp:
                 self.backend.save_pretrained(str(tmp), dtype=getattr(torch, cfg.output.final_model_dtype))
+        self.dist.barrier()
         return history
 
     def close(self) -> None:
@@ -341,6 +383,8 @@ class GRPOTrainer:
         if self._run is not None:
             self._run.close()
             self._run = None
+        if self.dist.enabled and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
 
     def train_step(self) -> dict:
         """One GRPO step; returns (and logs) its metrics row."""
@@ -355,16 +399,15 @@ class GRPOTrainer:
             torch.cuda.reset_peak_memory_stats(self.device)
         t_step = time.perf_counter()
 
-        # 1. prompts and rollouts
-        examples = list(self._next_examples())
+        # 1. prompts and rollouts (this rank's share; row i of the global batch samples with seed + i)
+        examples = self.dist.shard(list(self._next_examples()))
         prompts = [self.prompt_ids(e) for e in examples]
         repeated = [p for p in prompts for _ in range(G)]
         truths = [str(e.ground_truth) for e in examples for _ in range(G)]
         self.engine.wake()
         t0 = time.perf_counter()
-        generations: list[Generation] = self.engine.generate(
-            repeated, self._sampling_params(step_seed(cfg.train.seed, step))
-        )
+        seed = step_seed(cfg.train.seed, step) + self.dist.rank * len(repeated)
+        generations: list[Generation] = self.engine.generate(repeated, self._sampling_params(seed))
         rollout_time = time.perf_counter() - t0
         self.engine.sleep()
 
@@ -407,8 +450,9 @@ class GRPOTrainer:
             t1 = time.perf_counter()
             # No trainable sample (every group had zero variance): no update, and no loss or
             # gradient norm to report (NaN -> null in metrics.jsonl, a gap in curves.png).
+            anywhere = self.dist.sum([len(trainable)])[0] > 0  # all ranks update, or none
             train_metrics, train_tokens, grad_norm, loss = (
-                self._update(trainable) if trainable else ({}, 0, math.nan, math.nan)
+                self._update(trainable) if anywhere else ({}, 0, math.nan, math.nan)
             )
             train_time = time.perf_counter() - t1
             # The optimizer step is done: this step now counts.
@@ -416,54 +460,44 @@ class GRPOTrainer:
             self.step = step
 
             # 4. weight sync
-            sync_time = self._sync_weights() if trainable else 0.0
+            sync_time = self._sync_weights() if anywhere else 0.0
 
-            # 5. metrics
-            lengths = [len(g.completion_ids) for g in generations]
-            rollout_tokens = sum(lengths)
-            step_time = time.perf_counter() - t_step
-            n = len(rewards)
-            mean = sum(rewards) / n
-            row = {
-                "step": step,
-                "reward_mean": mean,
-                "reward_std": math.sqrt(sum((r - mean) ** 2 for r in rewards) / max(n - 1, 1)),
-                "pass_rate": sum(r >= cfg.data.pass_threshold for r in rewards) / n,
-                "response_len_mean": rollout_tokens / n,
-                "truncated_frac": sum(g.truncated for g in generations) / n,
-                "zero_variance_groups": float(zero_var.float().mean()),
-                "entropy": train_metrics.get("entropy", float("nan")),
-                "kl": train_metrics.get("kl", float("nan")),
-                "clip_frac": train_metrics.get("clip_frac", float("nan")),
-                "ratio_mean": train_metrics.get("ratio_mean", float("nan")),
-                "tis_weight_mean": train_metrics.get("tis_weight_mean", float("nan")),
-                "loss": loss,
-                "grad_norm": grad_norm,
-                "lr": train_metrics.get("lr", cfg.train.lr),
-                "reward_errors": reward_errors,
-                "rollout_time_s": rollout_time,
-                "train_time_s": train_time,
-                "sync_time_s": sync_time,
-                "rollout_tokens_per_s": rollout_tokens / rollout_time if rollout_time > 0 else float("nan"),
-                "train_tokens_per_s": train_tokens / train_time
-                if train_time > 0 and train_tokens
-                else float("nan"),
-                "step_time_s": step_time,
-                **{f"rollout/{key}": value for key, value in self.engine.stats().items()},
-            }
+            # 5. metrics (of the global batch: every rank's numbers gathered)
+            times = {"rollout": rollout_time, "train": train_time, "sync": sync_time}
+            times["step"] = time.perf_counter() - t_step
+            row = step_row(
+                step,
+                self.dist.gather(
+                    {
+                        "rewards": rewards,
+                        "lengths": [len(g.completion_ids) for g in generations],
+                        "truncated": [g.truncated for g in generations],
+                        "zero_variance": zero_var.tolist(),
+                        "reward_errors": reward_errors,
+                        "train_metrics": train_metrics,
+                        "train_tokens": train_tokens,
+                        "loss": loss,
+                        "times": times,
+                    }
+                ),
+                pass_threshold=cfg.data.pass_threshold,
+                lr=cfg.train.lr,
+                grad_norm=grad_norm,
+                engine_stats=self.engine.stats(),
+            )
             if cuda:
                 row["peak_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
             mfu = self._mfu(
                 prompt_tokens=sum(len(p) for p in repeated),
-                rollout_tokens=rollout_tokens,
+                rollout_tokens=sum(len(g.completion_ids) for g in generations),
                 train_tokens=train_tokens,
-                seconds=step_time,
+                seconds=row["step_time_s"],
             )
             if mfu is not None:
                 row["mfu"] = mfu
 
             # 6. evaluation
-            if cfg.eval.every and step % cfg.eval.every == 0 and self.eval_examples:
+            if cfg.eval.every and step % cfg.eval.every == 0 and self.eval_examples and self.dist.is_main:
                 t2 = time.perf_counter()
                 for key, value in self.run_eval().metrics.items():
                     row[f"eval/{key}"] = value
@@ -520,10 +554,13 @@ class GRPOTrainer:
                 raise RuntimeError("algo.beta > 0 needs a backend with reference_logprobs()")
             need_ref = False
 
-        minibatch_count = min(cfg.train.minibatches, len(samples))
+        # several ranks: the same number of optimizer steps everywhere, even with few local samples
+        minibatch_count = (
+            cfg.train.minibatches if self.dist.enabled else min(cfg.train.minibatches, len(samples))
+        )
         # Deterministic split into minibatches (every minibatch-th sample), each cut into microbatches.
         minibatches = [samples[i::minibatch_count] for i in range(minibatch_count)]
-        prepared = []
+        prepared, counts = [], []
         for mb in minibatches:
             micro = []
             for group in split_microbatches(mb, cfg.train.micro_batch_size):
@@ -534,12 +571,14 @@ class GRPOTrainer:
                     extras["ref_logprobs"] = self.backend.reference_logprobs(batch)
                 micro.append((batch, extras))
             if cfg.algo.loss_agg == "token-mean":
-                count = float(sum(float(b.completion_mask.sum()) for b, _ in micro))
+                counts.append(float(sum(float(b.completion_mask.sum()) for b, _ in micro)))
             else:
-                count = float(sum(b.input_ids.shape[0] for b, _ in micro))
+                counts.append(float(sum(b.input_ids.shape[0] for b, _ in micro)))
+            prepared.append(micro)
+        # the loss of every rank is divided by the count of the whole global minibatch
+        for micro, count in zip(prepared, self.dist.sum(counts), strict=True):
             for _, extras in micro:
                 extras["global_count"] = max(count, 1.0)
-            prepared.append(micro)
 
         a = cfg.algo
 

@@ -127,6 +127,9 @@ class TorchPolicyBackend(PolicyBackend):
         warmup = train.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: warmup_factor(s, warmup))
         self.num_parameters = sum(p.numel() for p in self.model.parameters())
+        self.grad_sync = (
+            None  # set by the trainer under torchrun (distributed.DistContext.all_reduce_gradients)
+        )
 
     # ---------------------------------------------------------------- logprobs
     @torch.no_grad()
@@ -171,6 +174,8 @@ class TorchPolicyBackend(PolicyBackend):
             loss_fn=loss_fn,
             discard_gradients=lambda: self.optimizer.zero_grad(set_to_none=True),
         )
+        if self.grad_sync is not None:  # data-parallel ranks: sum the gradients before clipping
+            self.grad_sync(self.model.parameters())
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm))
         if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)

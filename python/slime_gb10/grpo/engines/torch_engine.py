@@ -2,9 +2,9 @@
 
 Not ``model.generate``: a small decode loop over the HF model that (1) left-pads the prompts of a
 batch (sorted by length, so similar lengths share a batch), (2) runs the prefill keeping only the
-last position's logits, (3) samples each next token with the exponential-race trick
-(``argmax(p / q)``, ``q ~ Exp(1)``: an exact categorical sample with no CPU sync) and records
-its logprob under ``softmax(logits / T)`` on the fly, so no ``[steps, batch, vocab]`` score
+last position's logits, (3) samples each next token by inverting its row's CDF at a uniform
+drawn from the row's own key (an exact categorical sample with no CPU sync, the same whatever
+else shares the batch) and records its logprob under ``softmax(logits / T)`` on the fly, so no ``[steps, batch, vocab]`` score
 tensors are kept, and (4) stops as soon as every row has finished.
 
 For the common decoder-only architectures (Llama, Qwen2, Qwen3, Mistral without sliding window)
@@ -45,25 +45,60 @@ def filter_logits(logits: torch.Tensor, top_k: int = -1, top_p: float = 1.0) -> 
     return logits
 
 
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (Mueller's: xor-shift, multiply by 0x45d9f3b, twice) on int64 tensors
+    holding values in [0, 2^32); the constant is < 2^27, so no product overflows int64."""
+    x = x ^ (x >> 16)
+    x = (x * 0x45D9F3B) & _M32
+    x = x ^ (x >> 16)
+    x = (x * 0x45D9F3B) & _M32
+    return x ^ (x >> 16)
+
+
+def row_uniforms(keys: torch.Tensor, step: int) -> torch.Tensor:
+    """One uniform in [0, 1) (53 bits, float64) per row, a pure function of the row's key and the
+    decode step: the same sample whatever else shares the batch (counter-based, like Philox).
+
+    Why not a ``torch.Generator``: its stream is consumed in batch order, so a row's tokens would
+    depend on its neighbours, and N data-parallel ranks could not reproduce a 1-rank run (issue
+    #28). No library offers a keyed per-row draw inside torch's ops, hence these few lines.
+    """
+    low, high = keys & _M32, (keys >> 32) & _M32
+    draws = []
+    for lane in (0, 1):
+        counter = _mix32(torch.full_like(keys, (2 * step + lane) & _M32))
+        draws.append(_mix32(_mix32(low ^ counter) ^ high))
+    return draws[0].double() * 2.0**-32 + (draws[1] >> 11).double() * 2.0**-53
+
+
 def sample_next_token(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+    logits: torch.Tensor, params: SamplingParams, keys: torch.Tensor | None = None, step: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row and its logprob under ``softmax(logits / T)`` (before top-k/top-p).
 
-    Greedy (``T == 0``) takes the argmax and reports the logprob under ``softmax(logits)``.
+    Sampling inverts each row's CDF (float64) at :func:`row_uniforms` of its key ``keys[row]`` and
+    ``step``: an exact categorical sample, reproducible per row. Greedy (``T == 0``) takes the
+    argmax and reports the logprob under ``softmax(logits)``.
     """
     logits = logits.float()
     if params.greedy:
         tokens = logits.argmax(dim=-1)
         logprobs = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
         return tokens, logprobs
+    if keys is None:
+        keys = torch.randint(0, 2**62, (logits.shape[0],), device=logits.device)
     scaled = logits / params.temperature
     logprobs_all = torch.log_softmax(scaled, dim=-1)
-    filtered = filter_logits(scaled, params.top_k, params.top_p)
-    probs = torch.softmax(filtered, dim=-1)
-    # Exponential race: argmax_i p_i / q_i with q_i ~ Exp(1) is distributed as Categorical(p).
-    q = torch.empty_like(probs).exponential_(1.0, generator=generator)
-    tokens = (probs / q).argmax(dim=-1)
+    probs = torch.softmax(filter_logits(scaled, params.top_k, params.top_p), dim=-1)
+    cdf = probs.double().cumsum(dim=-1)
+    target = row_uniforms(keys, step) * cdf[:, -1]
+    tokens = torch.searchsorted(cdf, target[:, None], right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
+    # u * total can round up to total: never return a token of probability 0
+    impossible = probs.gather(-1, tokens[:, None]).squeeze(-1) <= 0
+    tokens = torch.where(impossible, probs.argmax(dim=-1), tokens)
     return tokens, logprobs_all.gather(-1, tokens[:, None]).squeeze(-1)
 
 
@@ -333,10 +368,10 @@ class TorchRolloutEngine(RolloutEngine):
             return []
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
-        generator = None
-        if params.seed is not None:
-            generator = torch.Generator(device=self.device)
-            generator.manual_seed(int(params.seed))
+        # Row i samples with key seed + i (SGLang's engine gives request i sampling_seed seed + i too):
+        # a row's completion does not depend on the other rows of the call or on the batching.
+        seed = int(params.seed) if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
+        keys = torch.arange(len(prompts), dtype=torch.long) + seed
         # Sorting by length makes batches of similar lengths (less padding); results go back in order.
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         batch_size = self.generation_batch_size or len(prompts)
@@ -344,13 +379,14 @@ class TorchRolloutEngine(RolloutEngine):
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
             run = self._generate_batch if self.decode == "dynamic" else self._generate_batch_static
-            for i, gen in zip(idx, run([list(prompts[i]) for i in idx], params, generator)):
+            row_keys = keys[idx].to(self.device)
+            for i, gen in zip(idx, run([list(prompts[i]) for i in idx], params, row_keys)):
                 results[i] = gen
         return results  # type: ignore[return-value]
 
     @torch.inference_mode()
     def _generate_batch(
-        self, prompts: list[list[int]], params: SamplingParams, generator: torch.Generator | None
+        self, prompts: list[list[int]], params: SamplingParams, keys: torch.Tensor
     ) -> list[Generation]:
         from transformers import DynamicCache
 
@@ -390,10 +426,10 @@ class TorchRolloutEngine(RolloutEngine):
             position = position + 1
             return step_out.logits[:, -1, :]
 
-        tokens, logprobs, stop_hit = self._decode_loop(out.logits[:, -1, :], advance, params, generator)
+        tokens, logprobs, stop_hit = self._decode_loop(out.logits[:, -1, :], advance, params, keys)
         return self._finish(prompts, tokens, logprobs, stop_hit, params)
 
-    def _decode_loop(self, logits, advance, params: SamplingParams, generator):
+    def _decode_loop(self, logits, advance, params: SamplingParams, keys: torch.Tensor):
         """The per-token loop both decode paths share.
 
         Sample from ``logits`` [B, V], pad rows that already finished, finish rows on EOS or a stop
@@ -406,7 +442,7 @@ class TorchRolloutEngine(RolloutEngine):
         logprobs: list[torch.Tensor] = []
         stop_hit = [False] * batch
         for step in range(params.max_new_tokens):
-            token, logprob = sample_next_token(logits, params, generator)
+            token, logprob = sample_next_token(logits, params, keys, step)
             token = torch.where(finished, torch.full_like(token, self.pad_token_id), token)
             tokens.append(token)
             logprobs.append(logprob)
@@ -451,7 +487,7 @@ class TorchRolloutEngine(RolloutEngine):
 
     @torch.inference_mode()
     def _generate_batch_static(
-        self, prompts: list[list[int]], params: SamplingParams, generator: torch.Generator | None
+        self, prompts: list[list[int]], params: SamplingParams, keys: torch.Tensor
     ) -> list[Generation]:
         """Static KV cache; decode steps replayed from a CUDA graph when ``decode == "cuda_graph"``."""
         device, batch = self.device, len(prompts)
@@ -494,7 +530,7 @@ class TorchRolloutEngine(RolloutEngine):
                 step_inputs.position_ids.add_(1)
             return self._decode_step(key, step_inputs)
 
-        tokens, logprobs, stop_hit = self._decode_loop(logits, advance, params, generator)
+        tokens, logprobs, stop_hit = self._decode_loop(logits, advance, params, keys)
         return self._finish(prompts, tokens, logprobs, stop_hit, params)
 
     def _decode_step(self, key, step_inputs: _GraphedStep) -> torch.Tensor:
