@@ -337,3 +337,26 @@ def test_equal_rewards_give_exactly_zero_advantage(value):
     adv = group_advantages(rewards, 8)
     assert torch.equal(adv[:8], torch.zeros(8))
     assert adv[8:].abs().min() > 0.9  # the mixed group is untouched: +-1/std(unbiased) = +-0.935
+
+
+def test_grpo_loss_object_binds_the_config_and_defaults_old_to_the_detached_current():
+    from types import SimpleNamespace
+
+    from slime_gb10.grpo.algo import GRPOLoss, grpo_loss
+    from slime_gb10.grpo.config import AlgoConfig
+
+    g = torch.Generator().manual_seed(3)
+    logprobs = -torch.rand(2, 5, generator=g, dtype=torch.float64)
+    mask = torch.tensor([[0, 1, 1, 1, 0], [0, 0, 1, 1, 1]], dtype=torch.float64)
+    extras = {"advantages": torch.tensor([0.5, -1.0], dtype=torch.float64), "global_count": 7.0,
+              "rollout_logprobs": logprobs - 0.1 * torch.rand(2, 5, generator=g, dtype=torch.float64)}  # fmt: skip
+    entropy = torch.rand(2, 5, generator=g, dtype=torch.float64)
+    config = AlgoConfig(eps_low=0.1, eps_high=0.3, entropy_coef=0.01, tis_cap=2.0, loss_agg="dr-grpo")
+    loss_fn = GRPOLoss.from_config(config, max_new_tokens=4)
+    got, _ = loss_fn(logprobs, entropy, SimpleNamespace(completion_mask=mask), extras)
+    expected, _ = grpo_loss(
+        logprobs, logprobs.detach(), extras["advantages"], mask, rollout_logprobs=extras["rollout_logprobs"],
+        entropy=entropy, eps_low=0.1, eps_high=0.3, entropy_coef=0.01, tis_cap=2.0, loss_agg="dr-grpo",
+        max_len=4, global_count=7.0,
+    )  # fmt: skip
+    assert torch.equal(got, expected)

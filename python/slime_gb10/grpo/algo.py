@@ -23,6 +23,7 @@ References
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -295,3 +296,39 @@ def grpo_loss(
         }
         metrics = {k: v.detach() for k, v in metrics.items()}
     return loss, metrics
+
+
+@dataclass(frozen=True)
+class GRPOLoss:
+    """:func:`grpo_loss` with its hyperparameters bound: the ``loss_fn(logprobs, entropy, batch,
+    extras)`` every backend's ``train_step`` calls per micro-batch. ``extras`` carries the batch's
+    ``advantages``, ``rollout_logprobs``, ``global_count`` and, when computed, ``old_logprobs`` (else
+    the detached current ones: one on-policy step) and ``ref_logprobs``."""
+
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    beta: float = 0.0
+    entropy_coef: float = 0.0
+    tis_cap: float | None = None
+    loss_agg: LossAggregation = "token-mean"
+    max_len: int | None = None
+
+    @classmethod
+    def from_config(cls, algo, max_new_tokens: int) -> GRPOLoss:
+        """From an :class:`~slime_gb10.grpo.config.AlgoConfig` and the rollout's token budget."""
+        fields = ("eps_low", "eps_high", "beta", "entropy_coef", "tis_cap", "loss_agg")
+        return cls(**{name: getattr(algo, name) for name in fields}, max_len=max_new_tokens)
+
+    def __call__(self, logprobs, entropy, batch, extras) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        old = extras.get("old_logprobs")
+        return grpo_loss(
+            logprobs,
+            logprobs.detach() if old is None else old,
+            extras["advantages"],
+            batch.completion_mask,
+            rollout_logprobs=extras["rollout_logprobs"] if self.tis_cap is not None else None,
+            ref_logprobs=extras.get("ref_logprobs"),
+            entropy=entropy,
+            global_count=extras["global_count"],
+            **{name: getattr(self, name) for name in self.__dataclass_fields__},
+        )

@@ -216,12 +216,14 @@ class GRPOTrainer:
             self.step = int(trainer_state["step"])
             # Resuming at step N discards what came after it: metrics, samples and any newer
             # checkpoint (a save of step N + k must never find the discarded one in its place).
-            truncate_after(self.run_dir / METRICS_FILE, self.step)
-            truncate_after(self.run_dir / SAMPLES_FILE, self.step)
+            # Rank 0 alone: another rank's atomic rewrite could replace the file rank 0 appends to.
             for later_step, later in ckpt.list_checkpoints(self.run_dir) if self.dist.is_main else []:
                 if later_step > self.step:
                     log.warning("removing checkpoint %s: the run resumes from step %d", later, self.step)
                     shutil.rmtree(later)
+            if self.dist.is_main:
+                truncate_after(self.run_dir / METRICS_FILE, self.step)
+                truncate_after(self.run_dir / SAMPLES_FILE, self.step)
             self._last_checkpoint = path
             log.info("resumed from %s (step %d)", path, self.step)
         if self.dist.is_main:
@@ -580,29 +582,7 @@ class GRPOTrainer:
             for _, extras in micro:
                 extras["global_count"] = max(count, 1.0)
 
-        a = cfg.algo
-
-        def loss_fn(logprobs, entropy, batch, extras):
-            old = extras.get("old_logprobs")
-            if old is None:
-                old = logprobs.detach()
-            return algo.grpo_loss(
-                logprobs,
-                old,
-                extras["advantages"],
-                batch.completion_mask,
-                rollout_logprobs=extras["rollout_logprobs"] if a.tis_cap is not None else None,
-                ref_logprobs=extras.get("ref_logprobs"),
-                entropy=entropy,
-                eps_low=a.eps_low,
-                eps_high=a.eps_high,
-                beta=a.beta,
-                entropy_coef=a.entropy_coef,
-                tis_cap=a.tis_cap,
-                loss_agg=a.loss_agg,
-                max_len=cfg.rollout.max_new_tokens,
-                global_count=extras["global_count"],
-            )
+        loss_fn = algo.GRPOLoss.from_config(cfg.algo, cfg.rollout.max_new_tokens)
 
         tokens = 0
         sums: dict[str, float] = {}

@@ -530,21 +530,19 @@ def w4a16_matmul(
         tiling = _cuda_wgmma.plan(
             M, N, K, _sm_count(x.device), _cuda_wgmma.max_shared_bytes(_cuda_wgmma.cuda_index(x))
         )
+        kernel, name = _cuda_wgmma.w4a16_wgmma, "wgmma W4A16 kernel"
+    if engine in ("wgmma", "gemm"):
+        if engine == "gemm":
+            tiling, kernel, name = (
+                _cuda_gemm.plan(M, N, K, _sm_count(x.device)),
+                _cuda_gemm.w4a16_gemm,
+                "CUDA W4A16 GEMM kernel",
+            )
         if tiling is None:
             raise ValueError(
-                f"the wgmma W4A16 kernel takes N % 64 == 0 and K % 128 == 0; got N={N}, K={K}: use engine='triton'"
+                f"the {name} takes N % 64 == 0 and K % 128 == 0; got N={N}, K={K}: use engine='triton'"
             )
-        _cuda_wgmma.w4a16_wgmma(
-            x2, w.data, w.scale_codes, w.global_scale, bias.contiguous() if has_bias else None, out, tiling
-        )
-        return out.reshape(*lead, N)
-    if engine == "gemm":
-        tiling = _cuda_gemm.plan(M, N, K, _sm_count(x.device))
-        if tiling is None:
-            raise ValueError(
-                f"the CUDA W4A16 GEMM kernel takes N % 64 == 0 and K % 128 == 0; got N={N}, K={K}: use engine='triton'"
-            )
-        _cuda_gemm.w4a16_gemm(
+        kernel(
             x2, w.data, w.scale_codes, w.global_scale, bias.contiguous() if has_bias else None, out, tiling
         )
         return out.reshape(*lead, N)

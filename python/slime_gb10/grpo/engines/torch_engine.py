@@ -390,14 +390,10 @@ class TorchRolloutEngine(RolloutEngine):
     ) -> list[Generation]:
         from transformers import DynamicCache
 
-        device, batch = self.device, len(prompts)
+        batch = len(prompts)
         width = max(len(p) for p in prompts)
-        input_ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((batch, width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):  # left padding
-            input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            attention_mask[row, width - len(prompt) :] = 1
-        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        input_ids, valid = self._left_pad(prompts, width)
+        attention_mask = valid.long()
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         next_position = attention_mask.sum(-1, keepdim=True)
 
@@ -428,6 +424,15 @@ class TorchRolloutEngine(RolloutEngine):
 
         tokens, logprobs, stop_hit = self._decode_loop(out.logits[:, -1, :], advance, params, keys)
         return self._finish(prompts, tokens, logprobs, stop_hit, params)
+
+    def _left_pad(self, prompts: list[list[int]], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[B, width]`` token ids padded on the left and the mask of real tokens, on the device."""
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        valid = torch.zeros((len(prompts), width), dtype=torch.bool)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            valid[row, width - len(prompt) :] = True
+        return input_ids.to(self.device), valid.to(self.device)
 
     def _decode_loop(self, logits, advance, params: SamplingParams, keys: torch.Tensor):
         """The per-token loop both decode paths share.
@@ -499,12 +504,7 @@ class TorchRolloutEngine(RolloutEngine):
             decoder = self._decoders[key] = StaticDecoder(self.model, batch, cache_len)
             if self.compile_decode:
                 decoder.step = torch.compile(decoder.forward, fullgraph=True, dynamic=False)
-        input_ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
-        valid = torch.zeros((batch, width), dtype=torch.bool)
-        for row, prompt in enumerate(prompts):  # left padding
-            input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            valid[row, width - len(prompt) :] = True
-        input_ids, valid = input_ids.to(device), valid.to(device)
+        input_ids, valid = self._left_pad(prompts, width)
         position_ids = (valid.long().cumsum(-1) - 1).clamp(min=0)
         # prefill mask [B, 1, W, L]: causal, valid keys only; a padding query sees itself (no empty rows -> no NaN)
         causal = torch.tril(torch.ones((width, width), dtype=torch.bool, device=device))
