@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from slime_gb10.grpo.logprobs import (
-    chunked_logprobs_entropy,
-    naive_logprobs_entropy,
-    sequence_logprobs_entropy,
-)
+from slime_gb10.grpo.logprobs import chunked_logprobs_entropy, sequence_logprobs_entropy
+
+
+def naive_logprobs_entropy(hidden, lm_head_weight, targets, *, temperature=1.0, lm_head_bias=None):
+    """The reference: full ``[N, V]`` logits, ``log_softmax``, gather, ``-sum p log p`` (O(N*V) memory),
+    after the matmul in float32 (float64 for float64 input), as the chunked kernel promises."""
+    acc = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+    logits = F.linear(hidden, lm_head_weight, lm_head_bias).to(acc) / temperature
+    logp = torch.log_softmax(logits, dim=-1)
+    token_logp = logp.gather(1, targets.long()[:, None]).squeeze(1)
+    return token_logp, -(logp.exp() * logp).sum(dim=-1)
 
 
 def make_inputs(n, h, v, dtype=torch.float64, seed=0, scale=1.0, bias=False):

@@ -26,8 +26,8 @@ Numerics: the matmuls (logits and both gradients) run in :func:`matmul_dtype` --
 dtype inside ``torch.autocast`` (as an autocast ``nn.Linear`` LM head would), else the promoted
 dtype of hidden and weight (bf16 logits for a bf16 model) -- and everything after them in float32
 (float64 for float64 input, which the tests use for ``gradcheck``). Gradients come back in the
-dtype of each input (fp32 master weights get fp32 gradients). :func:`naive_logprobs_entropy`
-is the pure-torch reference the tests compare against.
+dtype of each input (fp32 master weights get fp32 gradients). The tests compare it with a
+pure-torch reference of full ``[N, V]`` logits (``tests/grpo/test_logprobs.py``).
 """
 
 from __future__ import annotations
@@ -263,22 +263,6 @@ def chunked_logprobs_entropy(
         mm,
     )
     return logprobs, (entropy if with_entropy else None)
-
-
-def naive_logprobs_entropy(
-    hidden: torch.Tensor,
-    lm_head_weight: torch.Tensor,
-    targets: torch.Tensor,
-    *,
-    temperature: float = 1.0,
-    lm_head_bias: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference: full ``[N, V]`` logits, ``log_softmax``, gather, ``-sum p log p`` (tests only: O(N*V) memory)."""
-    logits = F.linear(hidden, lm_head_weight, lm_head_bias).to(_acc_dtype(hidden.dtype)) / temperature
-    logp = torch.log_softmax(logits, dim=-1)
-    token_logp = logp.gather(1, targets.long()[:, None]).squeeze(1)
-    entropy = -(logp.exp() * logp).sum(dim=-1)
-    return token_logp, entropy
 
 
 def sequence_logprobs_entropy(
