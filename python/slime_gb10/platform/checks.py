@@ -180,15 +180,21 @@ def run_child_python(code: str, timeout_s: float, env: dict[str, str] | None = N
     with tempfile.TemporaryDirectory(prefix="slime-gb10-doctor-") as tmp:
         script = Path(tmp, "check.py")
         script.write_text(textwrap.dedent(code))
-        try:
-            proc = subproc.run(
-                [sys.executable, str(script)],
-                timeout_s,
-                env=env if env is not None else os.environ.copy(),
-                cwd=tmp,
-            )
-        except subprocess.TimeoutExpired as exc:
-            return ChildResult(None, exc.stdout or "", exc.stderr or "", None)
+        return _run_child([sys.executable, str(script)], timeout_s, env, cwd=tmp)
+
+
+def run_child_module(module: str, timeout_s: float, env: dict[str, str] | None = None) -> ChildResult:
+    """Run ``python -m module`` in a fresh interpreter (a probe that is a real module of the package)."""
+    return _run_child([sys.executable, "-m", module], timeout_s, env)
+
+
+def _run_child(
+    argv: list[str], timeout_s: float, env: dict[str, str] | None, cwd: str | None = None
+) -> ChildResult:
+    try:
+        proc = subproc.run(argv, timeout_s, env=env if env is not None else os.environ.copy(), cwd=cwd)
+    except subprocess.TimeoutExpired as exc:
+        return ChildResult(None, exc.stdout or "", exc.stderr or "", None)
     data = None
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("{"):

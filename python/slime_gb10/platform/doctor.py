@@ -14,6 +14,7 @@ segfault or a hang becomes a ``fail`` line, never a hung doctor. Exit status 1 o
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -23,7 +24,11 @@ import click
 from slime_gb10.grpo import selfcheck as _grpo_selfcheck  # noqa: F401 - registers its check
 from slime_gb10.grpo.selfcheck import grpo_backend_pair  # noqa: F401
 from slime_gb10.nvfp4 import selfcheck as _nvfp4_selfcheck  # noqa: F401 - registers its checks
-from slime_gb10.platform import checks_packages, checks_system  # noqa: F401 - register their checks
+from slime_gb10.platform import (  # noqa: F401 - register their checks
+    checks_distributed,
+    checks_packages,
+    checks_system,
+)
 from slime_gb10.platform.checks import (  # noqa: F401 - the doctor's public names, re-exported
     CHECKS,
     DEFAULT_TIMEOUT_S,
@@ -71,6 +76,7 @@ ORDER = (
     "sglang_router",
     "cuda_headers",
     "grpo_backends",
+    "distributed",
     "runtime_fixes",
 )
 CHECKS.sort(key=lambda check: ORDER.index(check.name) if check.name in ORDER else len(ORDER))
@@ -134,6 +140,10 @@ def doctor_command(
     except ValueError as exc:  # e.g. a malformed SLIME_GB10_DISABLE_FIXES
         raise click.ClickException(str(exc)) from None
     results = run_registered(ctx, CHECKS)
+    # Under torchrun rank 0 writes and prints the report and gives the verdict: the other ranks take
+    # part in the collectives and exit 0 (a failing exit would make torchrun kill rank 0 mid-report).
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
     document = report_json(results, ctx)
     if json_out is not None:
         try:

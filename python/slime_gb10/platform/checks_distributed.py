@@ -1,0 +1,99 @@
+"""The doctor under ``torchrun``: the process group, NCCL, the RDMA devices, a timed all-reduce.
+
+Two DGX Sparks talk NCCL over their ConnectX-7 ports (RoCE); without a usable RDMA device NCCL
+falls back to TCP sockets at a fraction of the link. The check reads the RDMA devices from sysfs
+(no torch in the doctor's process) and runs :mod:`slime_gb10.platform.dist_probe` in a child of
+every rank, whose all-reduce meets the other ranks' children.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from slime_gb10.platform.checks import (
+    CheckResult,
+    DoctorContext,
+    _fail,
+    _ok,
+    _skip,
+    _warn,
+    register_check,
+    run_child_module,
+)
+
+SYSFS_INFINIBAND = Path("/sys/class/infiniband")
+NCCL_VARIABLES = ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_IB_DISABLE", "NCCL_NET")
+
+
+def rdma_devices(root: Path = SYSFS_INFINIBAND) -> list[dict]:
+    """The RDMA devices sysfs lists: name, each port's state and link layer (Ethernet = RoCE), and
+    the network interfaces behind the device."""
+    devices = []
+    for dev in sorted(root.iterdir()) if root.is_dir() else []:
+        ports = []
+        for port in sorted((dev / "ports").iterdir()) if (dev / "ports").is_dir() else []:
+
+            def read(name: str, port: Path = port) -> str:
+                try:
+                    return (port / name).read_text().strip()
+                except OSError:
+                    return "?"
+
+            ports.append({"port": port.name, "state": read("state"), "link_layer": read("link_layer")})
+        net = dev / "device" / "net"
+        netdevs = sorted(p.name for p in net.iterdir()) if net.is_dir() else []
+        devices.append({"name": dev.name, "ports": ports, "netdevs": netdevs})
+    return devices
+
+
+def _active(device: dict) -> bool:
+    return any("ACTIVE" in port["state"] for port in device["ports"])
+
+
+@register_check("distributed")
+def check_distributed(ctx: DoctorContext) -> CheckResult:
+    """Under torchrun: NCCL (or gloo) joins every rank, an all-reduce sums right, its bus bandwidth; RDMA devices."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return _skip(
+            "distributed",
+            "one process; `torchrun --nproc-per-node N -m slime_gb10 doctor` checks NCCL, RDMA and an all-reduce",
+        )
+    devices = rdma_devices()
+    env = {**os.environ, "SLIME_GB10_DIST_PROBE_TIMEOUT": str(ctx.timeout_s)}
+    child = run_child_module("slime_gb10.platform.dist_probe", ctx.timeout_s + 10, env)
+    nccl_env = {k: os.environ[k] for k in NCCL_VARIABLES if k in os.environ}
+    details = {"rdma_devices": devices, "nccl_env": nccl_env, **(child.data or {})}
+    if child.data is None:
+        return _fail(
+            "distributed",
+            f"the all-reduce between the {world} ranks {child.how_it_ended()}",
+            "check that every rank reaches MASTER_ADDR:MASTER_PORT and the NCCL variables (NCCL_SOCKET_IFNAME, "
+            "NCCL_IB_HCA); rerun with NCCL_DEBUG=INFO to see which transport fails",
+            **details,
+        )
+    data = child.data
+    if not data.get("correct"):
+        return _fail(
+            "distributed",
+            f"an all-reduce over {world} ranks returned a wrong sum",
+            "a broken transport: rerun with NCCL_DEBUG=INFO and NCCL_IB_DISABLE=1 to tell RDMA from sockets",
+            **details,
+        )
+    transport = data["backend"] + (f" {data['nccl_version']}" if "nccl_version" in data else "")
+    rdma = ", ".join(d["name"] + ("" if _active(d) else " (down)") for d in devices) or "none"
+    reason = (
+        f"rank {data['rank']} of {world}: {transport}, all-reduce of {data['bytes'] >> 20} MiB correct, "
+        f"{data['busbw_gbps']:.2f} GB/s bus bandwidth; RDMA devices: {rdma}"
+    )
+    multi_node = world > int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    if multi_node and data["backend"] == "nccl" and not any(_active(d) for d in devices):
+        return _warn(
+            "distributed",
+            f"{reason}: no active RDMA device, so NCCL between the boxes runs over TCP sockets",
+            "cable and bring up the ConnectX-7 link, then set NCCL_IB_HCA and NCCL_SOCKET_IFNAME "
+            "(README, 'Several GPUs, two Sparks')",
+            **details,
+        )
+    return _ok("distributed", reason, **details)

@@ -1,0 +1,73 @@
+"""The doctor's ``distributed`` check: RDMA devices from a sysfs tree built by hand, the bus
+bandwidth formula by hand, and the real thing: two doctors under torchrun whose probes all-reduce
+over gloo (CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from slime_gb10.platform.checks import DoctorContext
+from slime_gb10.platform.checks_distributed import check_distributed, rdma_devices
+from slime_gb10.platform.dist_probe import bus_bandwidth_gbps
+
+
+def test_rdma_devices_read_a_connectx7_sysfs_tree(tmp_path):
+    # what a DGX Spark's CX-7 looks like: two RoCE ports of one device, one up, plus a second device down
+    for dev, port, state, netdev in (
+        ("rocep1s0f0", "1", "4: ACTIVE", "enp1s0f0np0"),
+        ("rocep1s0f1", "1", "1: DOWN", "enp1s0f1np1"),
+    ):
+        (tmp_path / dev / "ports" / port).mkdir(parents=True)
+        (tmp_path / dev / "ports" / port / "state").write_text(state + "\n")
+        (tmp_path / dev / "ports" / port / "link_layer").write_text("Ethernet\n")
+        (tmp_path / dev / "device" / "net" / netdev).mkdir(parents=True)
+    devices = rdma_devices(tmp_path)
+    assert devices == [
+        {"name": "rocep1s0f0", "ports": [{"port": "1", "state": "4: ACTIVE", "link_layer": "Ethernet"}],
+         "netdevs": ["enp1s0f0np0"]},
+        {"name": "rocep1s0f1", "ports": [{"port": "1", "state": "1: DOWN", "link_layer": "Ethernet"}],
+         "netdevs": ["enp1s0f1np1"]},
+    ]  # fmt: skip
+    assert rdma_devices(tmp_path / "absent") == []
+
+
+def test_bus_bandwidth_is_nccl_tests_definition():
+    # 2 ranks: 2 * 1/2 * 1e9 bytes in 1 s = 1 GB/s; 8 ranks: 2 * 7/8 = 1.75x the algorithm bandwidth
+    assert bus_bandwidth_gbps(10**9, 1.0, 2) == pytest.approx(1.0)
+    assert bus_bandwidth_gbps(10**9, 0.5, 8) == pytest.approx(3.5)
+
+
+def test_one_process_is_skipped_with_the_command_to_run(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    result = check_distributed(DoctorContext())
+    assert result.status == "skip" and "torchrun --nproc-per-node N -m slime_gb10 doctor" in result.reason
+
+
+@pytest.mark.slow
+def test_two_doctors_under_torchrun_all_reduce_over_gloo(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("WORLD_SIZE", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
+         f"--master-port={port}", "-m", "slime_gb10", "doctor", "--json-out", str(tmp_path / "doctor.json")],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    headers = [
+        line for line in proc.stdout.splitlines() if line.startswith("slime-gb10 ") and " doctor " in line
+    ]
+    assert len(headers) == 1, proc.stdout + proc.stderr[-2000:]  # rank 0 alone prints the report
+    line = next(line for line in proc.stdout.splitlines() if line.split()[1:2] == ["distributed"])
+    assert line.startswith("ok") and "of 2: gloo" in line and "correct" in line
+    report = json.loads((tmp_path / "doctor.json").read_text())
+    check = next(c for c in report["checks"] if c["name"] == "distributed")
+    assert check["details"]["world_size"] == 2 and check["details"]["correct"] is True
+    assert check["details"]["busbw_gbps"] > 0
