@@ -20,6 +20,7 @@ from slime_gb10.grpo.weight_sync import (
     make_weight_stream,
     plan_chunks,
     receive,
+    receive_buckets,
     stream_names,
     transfer_dtype_for,
     unpack_bucket,
@@ -266,6 +267,17 @@ def test_dropped_bucket_names_first_missing():
         rf"{n_streamed}: metadata '{missing}' never streamed",
     ):
         list(receive((metadata, truncated)))
+
+
+def test_receive_buckets_keeps_the_plan_s_buckets_and_checks_like_receive():
+    metadata, buckets = _stream_parts()
+    got = list(receive_buckets((metadata, buckets)))
+    assert [[name for name, _ in bucket] for bucket in got] == [list(meta.names) for meta in metadata]
+    flat = list(receive((metadata, buckets)))
+    assert [name for name, _ in flat] == [name for bucket in got for name, _ in bucket]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(flat, [t for bucket in got for t in bucket]))
+    with pytest.raises(WeightSyncError, match=r"bucket 2 .*first mismatch at stream position"):
+        list(receive_buckets((metadata, buckets[:2] + buckets[3:])))
 
 
 def test_renamed_tensor_is_named():

@@ -372,16 +372,17 @@ def unpack_bucket(
     return out
 
 
-def receive(
+def receive_buckets(
     stream: WeightStream | tuple[Sequence[BucketMeta], Iterable[WeightBucket]],
     device: torch.device | str | None = None,
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(name, tensor)`` bucket by bucket, checking the stream against its metadata.
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Yield each bucket's ``(name, tensor)`` list, checking the stream against its metadata.
 
     Each bucket's :class:`BucketMeta` must equal the next announced one (else
     :class:`WeightSyncError` before any of its tensors is yielded); after the last bucket the
     streamed names must equal the metadata names, or :class:`WeightSyncError` gives both lengths
-    and the first mismatching position with both names.
+    and the first mismatching position with both names. Engines that load a bucket at a time
+    (SGLang's ``update_weights_from_tensor``) take these lists as they come.
     """
     if isinstance(stream, WeightStream):
         metadata, buckets = stream.metadata, iter(stream)
@@ -401,9 +402,18 @@ def receive(
             raise WeightSyncError(
                 "weight stream desync: " + _bucket_mismatch(bucket.meta, metadata[position], len(streamed))
             )
-        for name, tensor in unpack_bucket(bucket, device):
-            streamed.append(name)
-            yield name, tensor
+        tensors = unpack_bucket(bucket, device)
+        streamed.extend(name for name, _ in tensors)
+        yield tensors
     mismatch = _first_mismatch(streamed, expected_names)
     if mismatch is not None:
         raise WeightSyncError(f"weight stream desync: {mismatch}")
+
+
+def receive(
+    stream: WeightStream | tuple[Sequence[BucketMeta], Iterable[WeightBucket]],
+    device: torch.device | str | None = None,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """:func:`receive_buckets`, one ``(name, tensor)`` at a time (engines that copy into parameters)."""
+    for bucket in receive_buckets(stream, device):
+        yield from bucket

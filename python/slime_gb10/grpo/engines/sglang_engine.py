@@ -29,7 +29,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -234,22 +234,6 @@ def generation_from_output(prompt_ids: Sequence[int], output: dict) -> Generatio
     )
 
 
-def iter_buckets(stream, device=None) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """The stream's tensors grouped by bucket (``weight_sync.receive`` checks every name)."""
-    from slime_gb10.grpo.weight_sync import receive
-
-    sizes = [len(meta.tensors) for meta in stream.metadata]
-    bucket: list[tuple[str, torch.Tensor]] = []
-    index = 0
-    for name, tensor in receive(stream, device=device):
-        bucket.append((name, tensor))
-        while index < len(sizes) and len(bucket) == sizes[index]:
-            yield bucket
-            bucket, index = [], index + 1
-    if bucket:
-        yield bucket
-
-
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -338,6 +322,8 @@ class SGLangRolloutEngine(RolloutEngine):
 
     # ---------------------------------------------------------------- weights & memory
     def update_weights(self, stream) -> None:
+        from slime_gb10.grpo.weight_sync import receive_buckets
+
         engine = self._require_engine()
         if self.expected_weights is not None:
             from slime_gb10.grpo.weight_sync import check_metadata
@@ -351,7 +337,7 @@ class SGLangRolloutEngine(RolloutEngine):
             )
         if "weights" in self._released:  # weights must exist again before they are overwritten
             self._resume(["weights"])
-        for bucket in iter_buckets(stream, device=self.device):
+        for bucket in receive_buckets(stream, device=self.device):
             try:
                 result = engine.update_weights_from_tensor(
                     named_tensors=bucket, load_format=None, flush_cache=False
