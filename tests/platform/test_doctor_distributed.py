@@ -14,7 +14,7 @@ import pytest
 
 from slime_gb10.platform.checks import DoctorContext
 from slime_gb10.platform.checks_distributed import check_distributed, rdma_devices
-from slime_gb10.platform.dist_probe import bus_bandwidth_gbps
+from slime_gb10.platform.probes.all_reduce import bus_bandwidth_gbps
 
 
 def test_rdma_devices_read_a_connectx7_sysfs_tree(tmp_path):

@@ -183,9 +183,12 @@ def run_child_python(code: str, timeout_s: float, env: dict[str, str] | None = N
         return _run_child([sys.executable, str(script)], timeout_s, env, cwd=tmp)
 
 
-def run_child_module(module: str, timeout_s: float, env: dict[str, str] | None = None) -> ChildResult:
-    """Run ``python -m module`` in a fresh interpreter (a probe that is a real module of the package)."""
-    return _run_child([sys.executable, "-m", module], timeout_s, env)
+def run_child_module(
+    module: str, timeout_s: float, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+) -> ChildResult:
+    """Run ``python -m module *args`` in a fresh interpreter (a probe that is a real module: see
+    :mod:`slime_gb10.platform.probes`)."""
+    return _run_child([sys.executable, "-m", module, *args], timeout_s, env)
 
 
 def _run_child(

@@ -2,7 +2,7 @@
 
 Two DGX Sparks talk NCCL over their ConnectX-7 ports (RoCE); without a usable RDMA device NCCL
 falls back to TCP sockets at a fraction of the link. The check reads the RDMA devices from sysfs
-(no torch in the doctor's process) and runs :mod:`slime_gb10.platform.dist_probe` in a child of
+(no torch in the doctor's process) and runs :mod:`slime_gb10.platform.probes.all_reduce` in a child of
 every rank, whose all-reduce meets the other ranks' children.
 """
 
@@ -62,7 +62,7 @@ def check_distributed(ctx: DoctorContext) -> CheckResult:
         )
     devices = rdma_devices()
     env = {**os.environ, "SLIME_GB10_DIST_PROBE_TIMEOUT": str(ctx.timeout_s)}
-    child = run_child_module("slime_gb10.platform.dist_probe", ctx.timeout_s + 10, env)
+    child = run_child_module("slime_gb10.platform.probes.all_reduce", ctx.timeout_s + 10, env)
     nccl_env = {k: os.environ[k] for k in NCCL_VARIABLES if k in os.environ}
     details = {"rdma_devices": devices, "nccl_env": nccl_env, **(child.data or {})}
     if child.data is None:

@@ -22,17 +22,12 @@ from slime_gb10.platform.checks import (
     _ok,
     _skip,
     register_check,
-    run_child_python,
+    run_child_module,
 )
 from slime_gb10.platform.devices import sm_arch
 
 # --- checks: the optional packages ---------------------------------------------------------------
 
-_IMPORT_PROBE = """
-import json, sys, importlib
-module = importlib.import_module({module!r})
-print(json.dumps({{"version": getattr(module, "__version__", None), "file": getattr(module, "__file__", None)}}))
-"""
 
 _CU12_RE = re.compile(r"lib(cudart|nvrtc|cublas|cublasLt|cusparse|cusolver|cufft|curand|nvJitLink)\.so\.12")
 
@@ -104,7 +99,7 @@ def check_package(ctx: DoctorContext, spec: PackageSpec) -> CheckResult:
     if not _installed(spec.module.split(".")[0]) or not _installed(spec.module):
         return _skip(name, f"not installed (optional: {spec.extra})")
     dist_version = _dist_version(*spec.dists)
-    child = run_child_python(_IMPORT_PROBE.format(module=spec.module), ctx.timeout_s)
+    child = run_child_module("slime_gb10.platform.probes.import_module", ctx.timeout_s, args=(spec.module,))
     details: dict[str, Any] = {"dist_version": dist_version}
     if child.data is None:
         error = child.error_line() if not child.timed_out else ""

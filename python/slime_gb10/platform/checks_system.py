@@ -29,9 +29,9 @@ from slime_gb10.platform.checks import (
     _version_tuple,
     _warn,
     register_check,
+    run_child_module,
     run_child_python,
 )
-from slime_gb10.platform.checks_packages import _IMPORT_PROBE
 from slime_gb10.platform.devices import GB10, GB10_MIN_DRIVER, lookup_peaks, sm_arch
 from slime_gb10.platform.ptxas import FIX_POINT_TRITON, cuda_home, probe_ptxas, triton_ptxas
 
@@ -535,7 +535,9 @@ def check_sglang_router(ctx: DoctorContext) -> CheckResult:
             "pip install sglang-router, which has aarch64 wheels)",
         )
     fix = "pip install --force-reinstall sglang-router (upstream publishes aarch64 wheels)"
-    child = run_child_python(_IMPORT_PROBE.format(module="sglang_router"), ctx.timeout_s)
+    child = run_child_module(
+        "slime_gb10.platform.probes.import_module", ctx.timeout_s, args=("sglang_router",)
+    )
     if child.data is None:
         return _warn("sglang_router", f"import sglang_router {child.how_it_ended()} (blocker #12)", fix)
     return _ok(

@@ -1,4 +1,4 @@
-"""``python -m slime_gb10.platform.dist_probe``: the doctor's all-reduce between torchrun's ranks.
+"""``python -m slime_gb10.platform.probes.all_reduce``: the doctor's all-reduce between torchrun's ranks.
 
 Run by the ``distributed`` check in a child of each rank's doctor (the doctor itself never imports
 torch), with torchrun's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
