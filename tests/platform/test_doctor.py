@@ -608,7 +608,7 @@ def test_w4a16_kernels_verdicts(monkeypatch, child, status, phrase):
 
     monkeypatch.setattr(selfcheck, "_installed", lambda name: True)
     monkeypatch.setattr(
-        selfcheck, "run_child_python", lambda code, timeout: doctor.ChildResult(0, "", "", child)
+        selfcheck, "run_child_module", lambda module, timeout, *a, **k: doctor.ChildResult(0, "", "", child)
     )
     result = _run(
         "w4a16_kernels", gpu_probe(capability=(9, 0), name="NVIDIA H100 80GB HBM3", integrated=False)

@@ -8,20 +8,8 @@ from slime_gb10.platform.checks import (
     _ok,
     _warn,
     register_check,
-    run_child_python,
+    run_child_module,
 )
-
-_BACKENDS_PROBE = """
-import importlib, json
-out = {}
-for name, module in (("sglang", "slime_gb10.grpo.engines.sglang_engine"),
-                     ("megatron", "slime_gb10.grpo.backends.megatron_backend")):
-    try:
-        out[name] = list(importlib.import_module(module).availability())
-    except Exception as exc:
-        out[name] = [False, f"{exc.__class__.__name__}: {exc}"]
-print(json.dumps(out))
-"""
 
 
 def grpo_backend_pair(sglang_ok: bool, megatron_ok: bool) -> str:
@@ -36,7 +24,7 @@ def check_grpo_backends(ctx: DoctorContext) -> CheckResult:
     """Which rollout engine + policy backend pair this machine can run (SGLang / Megatron-core, else PyTorch)."""
     if not ctx.gpu:
         return _ok("grpo_backends", f"auto = torch+torch (the portable PyTorch path; {ctx.no_gpu_reason()})")
-    child = run_child_python(_BACKENDS_PROBE, ctx.timeout_s)
+    child = run_child_module("slime_gb10.platform.probes.grpo_backends", ctx.timeout_s)
     if child.data is None:
         return _warn(
             "grpo_backends",

@@ -12,29 +12,13 @@ from slime_gb10.platform.checks import (
     _skip,
     _warn,
     register_check,
-    run_child_python,
+    run_child_module,
 )
 from slime_gb10.platform.checks_packages import PACKAGES
 from slime_gb10.platform.devices import sm_arch
 
 # how to get a TransformerEngine built for this torch / CUDA 13 / sm_12x
 _TE_REBUILD = next(p.rebuild for p in PACKAGES if p.check == "transformer_engine")
-
-_TE_NVFP4 = """
-import json, dataclasses
-import transformer_engine.pytorch as te
-from transformer_engine.common import recipe
-fn = getattr(te, "is_nvfp4_available", None)
-if fn is not None:
-    ok, reason = fn(return_reason=True)
-else:
-    from transformer_engine.pytorch import fp8
-    ok, reason = fp8.check_nvfp4_support()
-cls = getattr(recipe, "NVFP4BlockScaling", None)
-fields = [f.name for f in dataclasses.fields(cls)] if cls is not None and dataclasses.is_dataclass(cls) else []
-print(json.dumps({"available": bool(ok), "reason": reason, "has_recipe": cls is not None,
-                  "has_disable_rht": "disable_rht" in fields}))
-"""
 
 
 @register_check("te_nvfp4", gpu=True)
@@ -44,7 +28,7 @@ def check_te_nvfp4(ctx: DoctorContext) -> CheckResult:
         return _skip("te_nvfp4", "TransformerEngine not installed (optional: pip install 'slime-gb10[te]')")
     if ctx.capability[0] < 10:
         return _skip("te_nvfp4", f"NVFP4 tensor cores need Blackwell; this GPU is {sm_arch(ctx.capability)}")
-    child = run_child_python(_TE_NVFP4, ctx.timeout_s)
+    child = run_child_module("slime_gb10.platform.probes.te_nvfp4", ctx.timeout_s)
     if child.data is None:
         return _fail("te_nvfp4", f"the TE NVFP4 probe {child.how_it_ended()}", _TE_REBUILD)
     data = child.data
@@ -67,36 +51,13 @@ def check_te_nvfp4(ctx: DoctorContext) -> CheckResult:
     return _ok("te_nvfp4", "NVFP4 available", **data)
 
 
-_W4A16 = """
-import json, torch
-from slime_gb10.nvfp4 import _cuda_w4a16, dequantize_reference, kernels, quantize_reference
-g = torch.Generator().manual_seed(0)
-w = torch.randn(256, 512, generator=g) * 0.05
-x = torch.randn(48, 512, generator=g).bfloat16()
-q = quantize_reference(w)
-ref = x.double() @ dequantize_reference(q, torch.float64).T
-p = kernels.prepare_w4a16(q.to("cuda"))
-res = {"cuda_available": _cuda_w4a16.available()}
-for engine in ("cuda", "triton", "wide") if res["cuda_available"] else ("triton", "wide"):
-    try:  # one token and 24 (the CUDA kernel's tilings for M <= 8 and M = 17..32); the wide kernel at 24 and 48
-        errs = []
-        for m in (24, 48) if engine == "wide" else (1, 24):
-            out = kernels.w4a16_matmul(x[:m].cuda(), p, engine=engine).cpu().double()
-            errs.append(float((out - ref[:m]).norm() / ref[:m].norm()))
-        res[engine] = max(errs)
-    except Exception as exc:
-        res[engine] = f"{type(exc).__name__}: {str(exc)[:300]}"
-print(json.dumps(res))
-"""
-
-
 @register_check("w4a16_kernels", gpu=True)
 def check_w4a16_kernels(ctx: DoctorContext) -> CheckResult:
     """NVFP4Linear's w4a16 kernels run and are right: the CUDA one (NVRTC, M <= 32) and the two Triton
     ones (the wide kernel takes M > 16 on large weights: on GB10, mma.sync instead of Hopper's wgmma)."""
     if not _installed("triton"):
         return _skip("w4a16_kernels", "Triton is not installed: w4a16 dequantizes and calls cuBLAS")
-    child = run_child_python(_W4A16, ctx.timeout_s)
+    child = run_child_module("slime_gb10.platform.probes.w4a16", ctx.timeout_s)
     if child.data is None:
         return _fail(
             "w4a16_kernels",

@@ -12,13 +12,10 @@ import platform
 import re
 import subprocess
 import sys
-import tempfile
-import textwrap
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from slime_gb10 import __version__
@@ -175,14 +172,6 @@ class ChildResult:
         return f"exited {self.returncode}: {self.error_line()}"
 
 
-def run_child_python(code: str, timeout_s: float, env: dict[str, str] | None = None) -> ChildResult:
-    """Run ``code`` as a script file (Triton's JIT needs real source) in a fresh interpreter."""
-    with tempfile.TemporaryDirectory(prefix="slime-gb10-doctor-") as tmp:
-        script = Path(tmp, "check.py")
-        script.write_text(textwrap.dedent(code))
-        return _run_child([sys.executable, str(script)], timeout_s, env, cwd=tmp)
-
-
 def run_child_module(
     module: str, timeout_s: float, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
 ) -> ChildResult:
@@ -223,7 +212,7 @@ def _installed(module: str) -> bool:
     package whose import crashes (a segfaulting extension) would take the doctor down with it. So
     only the top-level name goes through ``find_spec`` (which imports nothing for a top-level
     name) and each submodule is looked up on its parent's search path; every real import of an
-    optional package happens in a child (``run_child_python``).
+    optional package happens in a child (``run_child_module``).
     """
     import importlib.machinery
 

@@ -30,7 +30,6 @@ from slime_gb10.platform.checks import (
     _warn,
     register_check,
     run_child_module,
-    run_child_python,
 )
 from slime_gb10.platform.devices import GB10, GB10_MIN_DRIVER, lookup_peaks, sm_arch
 from slime_gb10.platform.ptxas import FIX_POINT_TRITON, cuda_home, probe_ptxas, triton_ptxas
@@ -293,32 +292,12 @@ def check_triton_ptxas(ctx: DoctorContext) -> CheckResult:
     )
 
 
-_TRITON_ADD = """
-import json, torch, triton, triton.language as tl
-
-@triton.jit
-def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask)
-
-n = 3000
-g = torch.Generator().manual_seed(0)
-x, y = torch.randn(n, generator=g), torch.randn(n, generator=g)
-out = torch.empty(n, device="cuda")
-add_kernel[(triton.cdiv(n, 1024),)](x.cuda(), y.cuda(), out, n, BLOCK=1024)
-torch.cuda.synchronize()
-err = (out.cpu().double() - (x.double() + y.double())).abs().max().item()
-print(json.dumps({"max_abs_err": err, "triton": triton.__version__}))
-"""
-
-
 @register_check("triton_jit", gpu=True)
 def check_triton_jit(ctx: DoctorContext) -> CheckResult:
     """A tiny Triton add kernel JIT-compiles, runs, and gives the right answer."""
     if not _installed("triton"):
         return _warn("triton_jit", "Triton is not installed", "pip install triton")
-    child = run_child_python(_TRITON_ADD, ctx.timeout_s)
+    child = run_child_module("slime_gb10.platform.probes.triton_add", ctx.timeout_s)
     if child.data is None:
         text = child.stderr
         if re.search(r"sm_\d+a?' is not defined|does not support \.target", text):
@@ -349,22 +328,10 @@ def check_triton_jit(ctx: DoctorContext) -> CheckResult:
     )
 
 
-_CUBLAS_BF16 = """
-import json, torch
-g = torch.Generator().manual_seed(0)
-a = torch.randn(256, 512, generator=g).bfloat16()
-b = torch.randn(512, 384, generator=g).bfloat16()
-c = (a.cuda() @ b.cuda()).double().cpu()
-ref = a.double() @ b.double()
-rel = ((c - ref).norm() / ref.norm()).item()
-print(json.dumps({"rel_err": rel, "shape": [256, 512, 384]}))
-"""
-
-
 @register_check("cublas_bf16", gpu=True)
 def check_cublas_bf16(ctx: DoctorContext) -> CheckResult:
     """A cuBLAS BF16 GEMM agrees with a float64 reference (relative Frobenius error < 1e-2)."""
-    child = run_child_python(_CUBLAS_BF16, ctx.timeout_s)
+    child = run_child_module("slime_gb10.platform.probes.cublas_bf16", ctx.timeout_s)
     if child.data is None:
         return _fail(
             "cublas_bf16",
@@ -459,14 +426,6 @@ def check_cudnn(ctx: DoctorContext) -> CheckResult:
     )
 
 
-_OMEGACONF_PARSE = """
-import json
-from omegaconf import OmegaConf
-value = OmegaConf.create({"a": "${b}", "b": 7}).a  # an interpolation runs the ANTLR grammar
-print(json.dumps({"value": value}))
-"""
-
-
 @register_check("antlr4_omegaconf")
 def check_antlr4(ctx: DoctorContext) -> CheckResult:
     """With omegaconf installed: its ANTLR grammar loads (antlr4 runtime 4.13 breaks it: blocker #13)."""
@@ -474,7 +433,7 @@ def check_antlr4(ctx: DoctorContext) -> CheckResult:
         return _skip("antlr4_omegaconf", "omegaconf not installed (only Megatron/Hydra configs use it)")
     antlr = _dist_version("antlr4-python3-runtime")
     fix = "pip install antlr4-python3-runtime==4.9.3"
-    child = run_child_python(_OMEGACONF_PARSE, ctx.timeout_s)
+    child = run_child_module("slime_gb10.platform.probes.omegaconf_parse", ctx.timeout_s)
     if child.data is None or child.data.get("value") != 7:
         detail = "deserialize ATN" if "deserialize ATN" in child.stderr else child.how_it_ended()
         return _fail(

@@ -41,7 +41,6 @@ from slime_gb10.platform.checks import (  # noqa: F401 - the doctor's public nam
     register_check,
     report_json,
     run_checks,
-    run_child_python,
     run_registered,
     summarize,
 )
