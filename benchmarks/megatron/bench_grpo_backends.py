@@ -128,14 +128,14 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     from slime_gb10.grpo import rewards
-    from slime_gb10.grpo.models import load_tokenizer, write_tiny_model
+    from slime_gb10.grpo.models import load_tokenizer, write_random_model
 
     rewards.REWARDS["contains_e"] = contains_e
     rewards.REWARDS["e_in_first_4_chars"] = e_in_first_4_chars
     tokenizer = load_tokenizer(args.tokenizer)
     work = Path("/tmp/bench_megatron")
-    tiny = write_tiny_model(work / "tiny", tokenizer, seed=0, initializer_range=0.3)
-    smollm2_arch = write_tiny_model(
+    tiny = write_random_model(work / "tiny", tokenizer, seed=0, initializer_range=0.3)
+    smollm2_arch = write_random_model(
         work / "smollm2-arch",
         tokenizer,
         hidden_size=576,

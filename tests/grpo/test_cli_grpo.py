@@ -11,12 +11,12 @@ from click.testing import CliRunner
 
 from slime_gb10.cli import main
 from slime_gb10.grpo import models
-from slime_gb10.grpo.models import ModelLoadError, write_tiny_model
+from slime_gb10.grpo.models import ModelLoadError, write_random_model
 
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory, tokenizer):
-    return write_tiny_model(tmp_path_factory.mktemp("tiny") / "model", tokenizer, seed=0)
+    return write_random_model(tmp_path_factory.mktemp("tiny") / "model", tokenizer, seed=0)
 
 
 def invoke(*args):

@@ -47,9 +47,11 @@ ARGS = [
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory, tokenizer):
-    from slime_gb10.grpo.models import write_tiny_model
+    from slime_gb10.grpo.models import write_random_model
 
-    return write_tiny_model(tmp_path_factory.mktemp("dp") / "model", tokenizer, seed=0, initializer_range=0.3)
+    return write_random_model(
+        tmp_path_factory.mktemp("dp") / "model", tokenizer, seed=0, initializer_range=0.3
+    )
 
 
 def _free_port() -> int:

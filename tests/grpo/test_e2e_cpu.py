@@ -20,7 +20,7 @@ import torch
 from slime_gb10.grpo import algo, rewards
 from slime_gb10.grpo.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 from slime_gb10.grpo.config import build_config
-from slime_gb10.grpo.models import write_tiny_model
+from slime_gb10.grpo.models import write_random_model
 from slime_gb10.grpo.trainer import GRPOTrainer, TrainingDiverged, TrainingInterrupted
 
 pytestmark = pytest.mark.slow
@@ -42,7 +42,7 @@ def contains_e(completion: str, ground_truth: str) -> float:
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory, tokenizer):
     # initializer_range 0.3: logits with std ~2 (not a flat 49k-way uniform), as in a real model
-    return write_tiny_model(
+    return write_random_model(
         tmp_path_factory.mktemp("tiny") / "model", tokenizer, seed=0, initializer_range=0.3
     )
 

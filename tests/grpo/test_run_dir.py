@@ -14,7 +14,7 @@ import torch
 from click.testing import CliRunner
 
 from slime_gb10.cli import main
-from slime_gb10.grpo.models import write_tiny_model
+from slime_gb10.grpo.models import write_random_model
 from slime_gb10.grpo.rundir import RunDirectoryError, open_run_dir
 
 pytestmark = pytest.mark.slow
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory, tokenizer):
-    return write_tiny_model(tmp_path_factory.mktemp("tiny") / "model", tokenizer, seed=0)
+    return write_random_model(tmp_path_factory.mktemp("tiny") / "model", tokenizer, seed=0)
 
 
 def invoke(*args):

@@ -40,10 +40,10 @@ def sglang_ok():
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory, sglang_ok):
-    from slime_gb10.grpo.models import default_tokenizer_dir, load_tokenizer, write_tiny_model
+    from slime_gb10.grpo.models import default_tokenizer_dir, load_tokenizer, write_random_model
 
     tokenizer = load_tokenizer(str(default_tokenizer_dir()))
-    return write_tiny_model(
+    return write_random_model(
         tmp_path_factory.mktemp("tiny") / "model", tokenizer, seed=0, initializer_range=0.3
     )
 

@@ -17,14 +17,14 @@ from slime_gb10.grpo.interfaces import SamplingParams, TokenBatch
 from slime_gb10.grpo.models import (
     eos_token_ids,
     load_causal_lm,
-    write_tiny_model,
+    write_random_model,
 )
 from slime_gb10.grpo.trainer import Sample, collate
 
 
 @pytest.fixture(scope="module")
 def tiny_dir(tokenizer, tmp_path_factory):
-    return write_tiny_model(tmp_path_factory.mktemp("tiny") / "model", tokenizer, seed=1)
+    return write_random_model(tmp_path_factory.mktemp("tiny") / "model", tokenizer, seed=1)
 
 
 def make_backend(tiny_dir, tokenizer, **kwargs):

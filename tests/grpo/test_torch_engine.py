@@ -22,13 +22,13 @@ from slime_gb10.grpo.interfaces import SamplingParams
 from slime_gb10.grpo.models import (
     eos_token_ids,
     load_causal_lm,
-    write_tiny_model,
+    write_random_model,
 )
 
 
 @pytest.fixture(scope="module")
 def tiny_dir(tokenizer, tmp_path_factory):
-    return write_tiny_model(tmp_path_factory.mktemp("tiny") / "model", tokenizer, seed=3)
+    return write_random_model(tmp_path_factory.mktemp("tiny") / "model", tokenizer, seed=3)
 
 
 @pytest.fixture(scope="module", params=["dynamic", "static"])

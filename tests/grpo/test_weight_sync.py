@@ -456,9 +456,9 @@ def test_check_metadata_collects_every_problem_in_one_error():
 
 def test_sglang_expects_the_checkpoint_tensors(tmp_path, tokenizer):
     """The SGLang engine's coverage check reads the model's safetensors headers (no load)."""
-    from slime_gb10.grpo.models import checkpoint_tensor_shapes, load_causal_lm, write_tiny_model
+    from slime_gb10.grpo.models import checkpoint_tensor_shapes, load_causal_lm, write_random_model
 
-    path = write_tiny_model(tmp_path / "m", tokenizer, seed=0)
+    path = write_random_model(tmp_path / "m", tokenizer, seed=0)
     model = load_causal_lm(str(path))
     shapes = checkpoint_tensor_shapes(path)
     assert shapes == {n: tuple(p.shape) for n, p in model.named_parameters()}

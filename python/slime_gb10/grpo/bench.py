@@ -156,36 +156,20 @@ def measure_ceilings() -> dict:
 
 
 # ---------------------------------------------------------------------------------- one shape
-def write_random_model(shape: Shape, directory: Path, tokenizer_dir: str, seed: int = 0) -> Path:
+def write_shape_model(shape: Shape, directory: Path, tokenizer_dir: str, seed: int = 0) -> Path:
     """A random-init model of ``shape`` in BF16 with the tokenizer of ``tokenizer_dir``."""
     import torch
-    import transformers
 
-    from slime_gb10.grpo.models import load_tokenizer
+    from slime_gb10.grpo.models import load_tokenizer, write_random_model
 
     tokenizer = load_tokenizer(tokenizer_dir)
     if len(tokenizer) > shape.vocab:
         raise click.UsageError(f"shape {shape.name}: vocab {shape.vocab} < tokenizer's {len(tokenizer)}")
-    config_class = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[shape.model_type]
-    config = config_class(
-        vocab_size=shape.vocab,
-        hidden_size=shape.hidden,
-        intermediate_size=shape.mlp,
-        num_hidden_layers=shape.layers,
-        num_attention_heads=shape.heads,
-        num_key_value_heads=shape.kv_heads,
-        max_position_embeddings=4096,
-        tie_word_embeddings=shape.tied,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
-    directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory, safe_serialization=True)
-    tokenizer.save_pretrained(directory)
-    return directory
+    return write_random_model(
+        directory, tokenizer, model_type=shape.model_type, hidden_size=shape.hidden, num_layers=shape.layers,
+        num_heads=shape.heads, num_kv_heads=shape.kv_heads, intermediate_size=shape.mlp, vocab_size=shape.vocab,
+        tied=shape.tied, max_position_embeddings=4096, dtype=torch.bfloat16, seed=seed,
+    )  # fmt: skip
 
 
 class _LengthRecorder:
@@ -220,7 +204,7 @@ def run_shape(
 
     model_dir = work_dir / f"model-{shape.name}"
     if not (model_dir / "config.json").is_file():
-        write_random_model(shape, model_dir, tokenizer_dir)
+        write_shape_model(shape, model_dir, tokenizer_dir)
     costs = model_costs(shape)
     overrides = {
         "model.name_or_path": str(model_dir),

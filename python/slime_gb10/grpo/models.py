@@ -181,42 +181,54 @@ def _hub_hint(path: str, exc: Exception) -> str:
     )
 
 
-def write_tiny_model(
+def write_random_model(
     directory: str | Path,
     tokenizer,
     *,
+    model_type: str = "llama",
     hidden_size: int = 64,
     num_layers: int = 2,
     num_heads: int = 4,
     num_kv_heads: int = 2,
     intermediate_size: int = 128,
+    vocab_size: int | None = None,
+    tied: bool = True,
     initializer_range: float = 0.02,
+    max_position_embeddings: int = 1024,
+    dtype=None,
     seed: int = 0,
 ) -> Path:
-    """A small random-init Llama (real ``transformers`` architecture) with ``tokenizer``'s vocabulary.
+    """A random-init model of a real ``transformers`` architecture (``llama`` or ``qwen2``) with
+    ``tokenizer``'s vocabulary (or ``vocab_size``, at least as large), written atomically.
 
-    Used by the CPU end-to-end tests and the device smoke run: same code paths as SmolLM2
-    (same architecture family, same tokenizer), a fraction of the compute.
+    The defaults are a tiny Llama for the CPU tests (same code paths as SmolLM2, a fraction of the
+    compute); ``slime-gb10 bench grpo`` builds its fixed-work shapes with it.
     """
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import transformers
 
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
+    vocab = vocab_size or len(tokenizer)
+    if vocab < len(tokenizer):
+        raise ValueError(f"vocab_size {vocab} is smaller than the tokenizer's {len(tokenizer)} tokens")
+    config_class = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[model_type]
+    config = config_class(
+        vocab_size=vocab,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tied,
         initializer_range=initializer_range,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    if dtype is not None:
+        model = model.to(dtype)
     with atomic_directory(directory) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
