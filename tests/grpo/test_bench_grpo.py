@@ -27,21 +27,13 @@ from slime_gb10.grpo.bench import (
     summarize,
     train_flops,
 )
+from slime_gb10.grpo.models import random_model_config
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_model_costs_count_the_parameters_transformers_builds(name):
     shape = SHAPES[name]
-    config_class = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[shape.model_type]
-    config = config_class(
-        vocab_size=shape.vocab,
-        hidden_size=shape.hidden,
-        intermediate_size=shape.mlp,
-        num_hidden_layers=shape.layers,
-        num_attention_heads=shape.heads,
-        num_key_value_heads=shape.kv_heads,
-        tie_word_embeddings=shape.tied,
-    )
+    config = random_model_config(vocab_size=shape.vocab, **shape.model_sizes())  # what bench grpo writes
     with torch.device("meta"):  # shapes only: no memory for the 1.5B model
         model = transformers.AutoModelForCausalLM.from_config(config)
     costs = model_costs(shape)

@@ -57,6 +57,14 @@ class Shape:
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
+    def model_sizes(self) -> dict:
+        """The keyword arguments of :func:`slime_gb10.grpo.models.random_model_config` for this shape."""
+        return {
+            "model_type": self.model_type, "hidden_size": self.hidden, "num_layers": self.layers,
+            "num_heads": self.heads, "num_kv_heads": self.kv_heads, "intermediate_size": self.mlp,
+            "tied": self.tied, "max_position_embeddings": 4096,
+        }  # fmt: skip
+
 
 SHAPES = {
     s.name: s
@@ -166,10 +174,8 @@ def write_shape_model(shape: Shape, directory: Path, tokenizer_dir: str, seed: i
     if len(tokenizer) > shape.vocab:
         raise click.UsageError(f"shape {shape.name}: vocab {shape.vocab} < tokenizer's {len(tokenizer)}")
     return write_random_model(
-        directory, tokenizer, model_type=shape.model_type, hidden_size=shape.hidden, num_layers=shape.layers,
-        num_heads=shape.heads, num_kv_heads=shape.kv_heads, intermediate_size=shape.mlp, vocab_size=shape.vocab,
-        tied=shape.tied, max_position_embeddings=4096, dtype=torch.bfloat16, seed=seed,
-    )  # fmt: skip
+        directory, tokenizer, vocab_size=shape.vocab, dtype=torch.bfloat16, seed=seed, **shape.model_sizes()
+    )
 
 
 class _LengthRecorder:

@@ -181,9 +181,7 @@ def _hub_hint(path: str, exc: Exception) -> str:
     )
 
 
-def write_random_model(
-    directory: str | Path,
-    tokenizer,
+def random_model_config(
     *,
     model_type: str = "llama",
     hidden_size: int = 64,
@@ -191,28 +189,19 @@ def write_random_model(
     num_heads: int = 4,
     num_kv_heads: int = 2,
     intermediate_size: int = 128,
-    vocab_size: int | None = None,
+    vocab_size: int,
     tied: bool = True,
     initializer_range: float = 0.02,
     max_position_embeddings: int = 1024,
-    dtype=None,
-    seed: int = 0,
-) -> Path:
-    """A random-init model of a real ``transformers`` architecture (``llama`` or ``qwen2``) with
-    ``tokenizer``'s vocabulary (or ``vocab_size``, at least as large), written atomically.
-
-    The defaults are a tiny Llama for the CPU tests (same code paths as SmolLM2, a fraction of the
-    compute); ``slime-gb10 bench grpo`` builds its fixed-work shapes with it.
-    """
-    import torch
+    token_ids: dict[str, int | None] | None = None,
+):
+    """The ``transformers`` config of a ``llama`` or ``qwen2`` model of these sizes (``token_ids``:
+    ``bos_token_id`` / ``eos_token_id`` / ``pad_token_id``)."""
     import transformers
 
-    vocab = vocab_size or len(tokenizer)
-    if vocab < len(tokenizer):
-        raise ValueError(f"vocab_size {vocab} is smaller than the tokenizer's {len(tokenizer)} tokens")
     config_class = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[model_type]
-    config = config_class(
-        vocab_size=vocab,
+    return config_class(
+        vocab_size=vocab_size,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
         num_hidden_layers=num_layers,
@@ -221,10 +210,25 @@ def write_random_model(
         max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=tied,
         initializer_range=initializer_range,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        **(token_ids or {}),
     )
+
+
+def write_random_model(
+    directory: str | Path, tokenizer, *, vocab_size: int | None = None, dtype=None, seed: int = 0, **sizes
+) -> Path:
+    """A random-init model (:func:`random_model_config` ``**sizes``; the defaults are a tiny Llama for the
+    CPU tests: same code paths as SmolLM2, a fraction of the compute) with ``tokenizer``'s vocabulary
+    (or ``vocab_size``, at least as large), written atomically; ``slime-gb10 bench grpo`` builds its
+    fixed-work shapes with it."""
+    import torch
+    import transformers
+
+    vocab = vocab_size or len(tokenizer)
+    if vocab < len(tokenizer):
+        raise ValueError(f"vocab_size {vocab} is smaller than the tokenizer's {len(tokenizer)} tokens")
+    ids = {f"{k}_token_id": getattr(tokenizer, f"{k}_token_id") for k in ("bos", "eos", "pad")}
+    config = random_model_config(vocab_size=vocab, token_ids=ids, **sizes)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config)
     if dtype is not None:

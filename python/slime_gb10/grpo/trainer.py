@@ -293,13 +293,13 @@ class GRPOTrainer:
         return {"step": self.step, "sampler": self.sampler.state_dict(), "rng": rng_state()}
 
     def save(self, reason: str = "periodic") -> Path:
-        from slime_gb10.grpo.checkpoint import save_checkpoint
+        from slime_gb10.grpo.checkpoint import checkpoint_path, save_checkpoint
 
         assert self._boundary is not None and self._boundary["step"] == self.step
         state = {**self._boundary, "world_size": self.dist.world_size}
         if self.dist.enabled:  # every rank's RNG state; rank 0 writes (a collective: all ranks call save)
             state["rank_rng"] = self.dist.gather(self._boundary["rng"])
-        path = self.run_dir / "checkpoints" / f"step-{self.step:06d}"
+        path = checkpoint_path(self.run_dir, self.step)  # where rank 0 writes it
         if self.dist.is_main:
             path = save_checkpoint(
                 self.run_dir,
