@@ -11,7 +11,7 @@ import copy
 import pytest
 import torch
 
-from slime_gb10.grpo.backends.torch_backend import NonFiniteError, TorchPolicyBackend
+from slime_gb10.grpo.backends.torch_backend import NonFiniteError, TorchPolicyBackend, right_padded
 from slime_gb10.grpo.engines.torch_engine import TorchRolloutEngine
 from slime_gb10.grpo.interfaces import SamplingParams, TokenBatch
 from slime_gb10.grpo.models import (
@@ -71,6 +71,29 @@ def test_logprobs_equal_full_forward_in_float64(tiny_dir, tokenizer):
     assert (logprobs[~mask] == 0).all()
 
 
+def test_right_padding_is_told_apart_from_left_padding():
+    assert right_padded(torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0]]))
+    assert right_padded(torch.ones(2, 4, dtype=torch.bool))
+    assert not right_padded(torch.tensor([[1, 1, 1], [0, 1, 1]]))  # left padding
+    assert not right_padded(torch.tensor([[1, 0, 1]]))  # a hole
+
+
+def test_a_left_padded_batch_keeps_its_mask(tiny_dir, tokenizer):
+    """Right padding runs without an attention mask; any other layout must still pass the mask:
+    the same sequences left-padded give the logprobs of the right-padded batch."""
+    backend = make_backend(tiny_dir, tokenizer)
+    right, _ = collate(random_batch(tokenizer, seed=3), tokenizer.pad_token_id)
+    lengths = right.attention_mask.sum(1)
+    shift = lambda t: torch.stack(  # noqa: E731 - roll each row's padding to its front
+        [row.roll(int(row.numel() - n)) for row, n in zip(t, lengths, strict=True)]
+    )
+    left = TokenBatch(shift(right.input_ids), shift(right.attention_mask), shift(right.completion_mask))
+    assert not right_padded(left.attention_mask)
+    lp_right, _ = backend.logprobs(right)
+    lp_left, _ = backend.logprobs(left)
+    torch.testing.assert_close(shift(lp_right), lp_left, atol=1e-5, rtol=0)
+
+
 def _policy_gradient_loss(logprobs, entropy, batch, extras):
     # sum over tokens of -A * logp, divided by the minibatch's token count: microbatch losses add up
     per_token = -extras["advantages"][:, None] * logprobs * batch.completion_mask
@@ -95,6 +118,88 @@ def test_microbatches_equal_one_batch(tiny_dir, tokenizer):
     assert r1.loss == pytest.approx(r2.loss, rel=1e-4)
     for (name, p1), p2 in zip(whole.model.named_parameters(), split.model.parameters()):
         torch.testing.assert_close(p1, p2, atol=1e-6, rtol=1e-4, msg=name)
+
+
+def _one_step(backend, samples, tokenizer):
+    batch, extras = collate(samples, tokenizer.pad_token_id)
+    extras["global_count"] = float(batch.completion_mask.sum())
+    return backend.train_step([(batch, extras)], _policy_gradient_loss)
+
+
+def test_compiled_layers_train_like_the_plain_ones(tiny_dir, tokenizer):
+    """Dynamo traces the real HF decoder layers (backend "eager": the tracing without inductor's
+    C++/Triton codegen, which needs a GPU or a compiler this CPU test does not assume); the step
+    equals the plain one. Inductor's numbers are compared on the GPU (test_torch_backend_gpu)."""
+    torch._dynamo.reset()
+    samples = random_batch(tokenizer, seed=4, rows=5)
+    plain = make_backend(tiny_dir, tokenizer)
+    compiled = make_backend(tiny_dir, tokenizer, compile_backend="eager")
+    assert compiled.stats() == {"compiled": 1.0} and plain.stats() == {"compiled": 0.0}
+    r1, r2 = _one_step(plain, samples, tokenizer), _one_step(compiled, samples, tokenizer)
+    assert compiled.compiled
+    assert r2.loss == pytest.approx(r1.loss, rel=1e-5) and r2.grad_norm == pytest.approx(
+        r1.grad_norm, rel=1e-5
+    )
+    # the state dict keeps its names (nn.Module.compile wraps no module), so checkpoints and sync agree
+    assert plain.model.state_dict().keys() == compiled.model.state_dict().keys()
+    for (name, p1), p2 in zip(plain.model.named_parameters(), compiled.model.parameters(), strict=True):
+        torch.testing.assert_close(p1, p2, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_a_compiler_that_fails_falls_back_to_the_plain_layers(tiny_dir, tokenizer, caplog):
+    torch._dynamo.reset()
+
+    def no_codegen(graph_module, example_inputs):  # a compiler that cannot build for this GPU
+        raise RuntimeError("ptxas fatal: Value 'sm_121a' is not defined for option 'gpu-name'")
+
+    samples = random_batch(tokenizer, seed=5, rows=3)
+    plain = make_backend(tiny_dir, tokenizer)
+    broken = make_backend(tiny_dir, tokenizer, compile_backend=no_codegen)
+    r1 = _one_step(plain, samples, tokenizer)
+    with caplog.at_level("WARNING"):
+        r2 = _one_step(broken, samples, tokenizer)
+    assert "compiled decoder layers unusable" in caplog.text and "sm_121a" in caplog.text
+    assert not broken.compiled and broken.stats() == {"compiled": 0.0}
+    assert r2.loss == pytest.approx(r1.loss, rel=1e-6) and r2.grad_norm == pytest.approx(
+        r1.grad_norm, rel=1e-6
+    )
+    for p1, p2 in zip(plain.model.parameters(), broken.model.parameters(), strict=True):
+        torch.testing.assert_close(p1, p2, atol=0, rtol=0)  # same plain step: no gradient left over
+    torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+def test_inductor_compiled_layers_match_the_plain_ones_on_gpu(tiny_dir, tokenizer):
+    """Inductor's fused layers (BF16 autocast, FP32 master weights) against the plain layers: the
+    logprobs and two steps on batches of different shapes agree within BF16 rounding, and the
+    compiled layers stay in use (one dynamic graph, no fallback)."""
+    from slime_gb10.grpo.config import TrainConfig
+
+    torch._dynamo.reset()
+    backends = [
+        TorchPolicyBackend(
+            load_causal_lm(str(tiny_dir)),
+            tokenizer,
+            "cuda",
+            train=TrainConfig(lr=1e-3),
+            autocast_dtype=torch.bfloat16,
+            compile_backend=backend,
+        )
+        for backend in (None, "inductor")
+    ]
+    plain, compiled = backends
+    for seed, rows in ((6, 6), (7, 3)):
+        samples = random_batch(tokenizer, seed=seed, rows=rows)
+        batch, _ = collate(samples, tokenizer.pad_token_id)
+        mask = batch.completion_mask.bool()
+        lp_plain, lp_compiled = plain.logprobs(batch)[0], compiled.logprobs(batch)[0]
+        torch.testing.assert_close(lp_compiled[mask], lp_plain[mask], atol=5e-2, rtol=0)
+        r1, r2 = _one_step(plain, samples, tokenizer), _one_step(compiled, samples, tokenizer)
+        assert r2.loss == pytest.approx(r1.loss, rel=3e-2, abs=1e-3)
+        assert r2.grad_norm == pytest.approx(r1.grad_norm, rel=3e-2)
+    # (the second batch's logprobs are those of the two models after their first update)
+    assert compiled.compiled and compiled.stats() == {"compiled": 1.0}
+    torch._dynamo.reset()
 
 
 def test_nan_loss_raises_before_the_optimizer_step(tiny_dir, tokenizer):

@@ -268,6 +268,7 @@ def run_shape(
             "sync_s": row["sync_time_s"],
             "peak_gib": row.get("peak_memory_gib"),
             "cuda_graph": row.get("rollout/cuda_graph"),
+            "compiled_layers": row.get("train/compiled"),
         }
         if sheet_gbps and sheet_tflops:
             sheet_roof = rollout_roofline_s(prompt_lens, completion_lens, costs, sheet_gbps, sheet_tflops)
@@ -291,6 +292,7 @@ def summarize(result: dict) -> dict:
     summary["rollout_tokens_per_s"] = median("rollout_tokens") / summary["rollout_s"]
     summary["train_tokens_per_s"] = median("train_tokens") / summary["train_s"]
     summary["cuda_graph"] = min((s.get("cuda_graph") or 0.0) for s in result["steps"])
+    summary["compiled_layers"] = min((s.get("compiled_layers") or 0.0) for s in result["steps"])
     return summary
 
 
@@ -304,8 +306,8 @@ def format_table(result: dict) -> str:
         "TFLOP/s); medians of the steps after the first",
         "",
         "| shape | params | batch | new tokens | s/step | rollout s | rollout tok/s | roofline (meas / sheet) "
-        "| train s | train tok/s | MFU (meas / sheet) | sync s | peak GiB | graphs |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| train s | train tok/s | MFU (meas / sheet) | sync s | peak GiB | graphs | compiled |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def pct(x):
@@ -323,7 +325,8 @@ def format_table(result: dict) -> str:
             f"| {s['rollout_s']:.3f} | {s['rollout_tokens_per_s']:.0f} "
             f"| {pct(s['rollout_roofline_frac'])} / {pct(s['rollout_roofline_frac_datasheet'])} "
             f"| {s['train_s']:.3f} | {s['train_tokens_per_s']:.0f} | {pct(s['mfu'])} / {pct(s['mfu_datasheet'])} "
-            f"| {s['sync_s']:.3f} | {s['peak_gib'] or 0:.1f} | {'on' if s['cuda_graph'] else 'OFF'} |"
+            f"| {s['sync_s']:.3f} | {s['peak_gib'] or 0:.1f} | {'on' if s['cuda_graph'] else 'OFF'} "
+            f"| {'on' if s['compiled_layers'] else 'off'} |"
         )
     return "\n".join(lines)
 

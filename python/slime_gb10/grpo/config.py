@@ -131,6 +131,12 @@ class TrainConfig(_Section):
     minibatches: int = Field(default=1, ge=1)
     epochs: int = Field(default=1, ge=1)
     micro_batch_size: int = Field(default=32, ge=1)  # sequences per forward/backward
+    compile: bool | None = Field(
+        default=None,
+        description="torch backend: torch.compile each decoder layer (fuses norms, rotary, activations and "
+        "the casts, forward and backward; dynamic shapes, compiled once per run, the plain layers if "
+        "compiling fails). None: on with a CUDA device, off on a CPU and with gradient checkpointing.",
+    )
     dist_timeout_s: int = Field(
         default=1800,
         ge=1,

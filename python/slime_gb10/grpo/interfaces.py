@@ -145,6 +145,10 @@ class PolicyBackend(abc.ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} keeps no reference model")
 
+    def stats(self) -> dict[str, float]:
+        """Numbers about the backend itself for the step's metrics row (``train/<key>``)."""
+        return {}
+
     @abc.abstractmethod
     def export_weights(self, bucket_bytes: int) -> WeightStream:
         """The current weights, in Hugging Face names, as a chunk stream for ``RolloutEngine.update_weights``."""

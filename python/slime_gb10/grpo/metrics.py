@@ -141,6 +141,7 @@ def step_row(
     lr: float,
     grad_norm: float,
     engine_stats: dict[str, float],
+    backend_stats: dict[str, float] | None = None,
 ) -> dict:
     """The ``metrics.jsonl`` row of one GRPO step from each rank's part (one part on one rank).
 
@@ -186,6 +187,7 @@ def step_row(
         "train_tokens_per_s": train_tokens / train_s if train_s > 0 and train_tokens else math.nan,
         "step_time_s": slowest("step"),
         **{f"rollout/{key}": value for key, value in engine_stats.items()},
+        **{f"train/{key}": value for key, value in (backend_stats or {}).items()},
     }
 
 

@@ -486,6 +486,7 @@ class GRPOTrainer:
                 lr=cfg.train.lr,
                 grad_norm=grad_norm,
                 engine_stats=self.engine.stats(),
+                backend_stats=self.backend.stats(),
             )
             if cuda:
                 row["peak_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30

@@ -41,6 +41,33 @@ def _decoder(model):
     return decoder
 
 
+def right_padded(attention_mask: torch.Tensor) -> bool:
+    """True when every row is its tokens followed by padding only (:class:`TokenBatch`'s layout)."""
+    return bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all())
+
+
+def compile_decoder_layers(model, backend="inductor") -> int:
+    """``torch.compile`` each decoder layer in place; the count of layers compiled.
+
+    ``nn.Module.compile`` keeps the module, so parameter names, state dicts and the weight sync see
+    the same model. Inductor fuses what runs between the GEMMs (RMSNorm, rotary, SiLU-and-mul, the
+    residual adds, autocast's casts) in the forward and the backward; with ``dynamic=True`` one
+    graph serves every layer and every microbatch shape, so a run compiles once (per grad mode).
+    """
+    layers = getattr(_decoder(model), "layers", None)
+    if layers is None:
+        return 0
+    for layer in layers:
+        layer.compile(dynamic=True, backend=backend)
+    return len(layers)
+
+
+def uncompile_decoder_layers(model) -> None:
+    """Undo :func:`compile_decoder_layers` (``nn.Module.compile`` sets ``_compiled_call_impl``)."""
+    for layer in getattr(_decoder(model), "layers", None) or []:
+        layer._compiled_call_impl = None
+
+
 def token_logprobs(
     model,
     batch: TokenBatch,
@@ -64,9 +91,14 @@ def token_logprobs(
         if autocast_dtype is not None
         else contextlib.nullcontext()
     )
+    # Right padding needs no attention mask: under causal attention a token sees only the tokens
+    # before it, all real, so the padding after it changes nothing it computes (the padded
+    # positions' own outputs are garbage, and masked out below). Without a mask SDPA runs its
+    # flash kernel instead of the masked kernel reading a [B, 1, T, T] mask (issue #27).
+    mask = None if right_padded(attention_mask) else attention_mask
     with autocast:
         hidden = _decoder(model)(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False
         ).last_hidden_state
         select = batch.completion_mask[:, 1:] > 0  # token t is predicted from position t - 1
         head = model.get_output_embeddings()
@@ -101,6 +133,7 @@ class TorchPolicyBackend(PolicyBackend):
         transfer_dtype: torch.dtype = torch.float32,
         gradient_checkpointing: bool = False,
         reference_model=None,
+        compile_backend=None,
     ):
         self.device = torch.device(device)
         self.model = model.to(self.device)
@@ -127,20 +160,58 @@ class TorchPolicyBackend(PolicyBackend):
         warmup = train.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: warmup_factor(s, warmup))
         self.num_parameters = sum(p.numel() for p in self.model.parameters())
+        # compile_backend: the torch.compile backend of the decoder layers ("inductor"), None: the
+        # plain layers. The CPU tests pass "eager" (Dynamo's tracing without a C++ toolchain).
+        self.compiled = bool(compile_backend) and compile_decoder_layers(self.model, compile_backend) > 0
+        self._compile_proven = False  # set by the first train step that ran compiled
         self.grad_sync = (
             None  # set by the trainer under torchrun (distributed.DistContext.all_reduce_gradients)
         )
+
+    def stats(self) -> dict[str, float]:
+        return {"compiled": float(self.compiled)}
+
+    def _compiled_or_plain(self, run, *, proves: bool = False):
+        """``run()``; if the compiled layers fail before a train step has proven them, once more
+        with the plain layers (a warning and ``train/compiled`` 0 say so): a compiler that cannot
+        build for this GPU costs speed, never the run. Non-finite losses and OOM are not compile
+        failures and propagate."""
+        if not self.compiled or self._compile_proven:
+            return run()
+        try:
+            out = run()
+        except (NonFiniteError, torch.OutOfMemoryError):
+            raise
+        except Exception as exc:  # any compiler/codegen error means "run uncompiled"
+            root = exc  # Dynamo wraps the compiler's own error (BackendCompilerFailed): name that one
+            while (inner := getattr(root, "inner_exception", None) or root.__cause__) is not None:
+                root = inner
+            first_line = (str(root).strip().splitlines() or [""])[0][:300]
+            log.warning(
+                "compiled decoder layers unusable (%s: %s); training with the plain layers",
+                type(root).__name__,
+                first_line,
+            )
+            uncompile_decoder_layers(self.model)
+            self.compiled = False
+            self.optimizer.zero_grad(set_to_none=True)
+            return run()
+        self._compile_proven = proves
+        return out
 
     # ---------------------------------------------------------------- logprobs
     @torch.no_grad()
     def logprobs(self, batch: TokenBatch, *, with_entropy: bool = False):
         self.model.eval()
-        return token_logprobs(
-            self.model,
-            self._to_device(batch),
-            temperature=self.temperature,
-            with_entropy=with_entropy,
-            autocast_dtype=self.autocast_dtype,
+        batch = self._to_device(batch)
+        return self._compiled_or_plain(
+            lambda: token_logprobs(
+                self.model,
+                batch,
+                temperature=self.temperature,
+                with_entropy=with_entropy,
+                autocast_dtype=self.autocast_dtype,
+            )
         )
 
     @torch.no_grad()
@@ -161,18 +232,21 @@ class TorchPolicyBackend(PolicyBackend):
     def train_step(self, microbatches: Sequence[tuple[TokenBatch, dict[str, torch.Tensor]]], loss_fn):
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        total_loss, metrics = accumulate_gradients(
-            microbatches,
-            device=self.device,
-            forward=lambda batch: token_logprobs(
-                self.model,
-                batch,
-                temperature=self.temperature,
-                with_entropy=True,
-                autocast_dtype=self.autocast_dtype,
+        total_loss, metrics = self._compiled_or_plain(
+            lambda: accumulate_gradients(
+                microbatches,
+                device=self.device,
+                forward=lambda batch: token_logprobs(
+                    self.model,
+                    batch,
+                    temperature=self.temperature,
+                    with_entropy=True,
+                    autocast_dtype=self.autocast_dtype,
+                ),
+                loss_fn=loss_fn,
+                discard_gradients=lambda: self.optimizer.zero_grad(set_to_none=True),
             ),
-            loss_fn=loss_fn,
-            discard_gradients=lambda: self.optimizer.zero_grad(set_to_none=True),
+            proves=True,
         )
         if self.grad_sync is not None:  # data-parallel ranks: sum the gradients before clipping
             self.grad_sync(self.model.parameters())
@@ -265,6 +339,11 @@ def build_backend(config, tokenizer, device) -> TorchPolicyBackend:
         # moved (0 before the first update), not BF16 rounding. Costs one FP32 copy of the model.
         reference = copy.deepcopy(model)
     autocast = torch.bfloat16 if device.type == "cuda" and config.model.precision != "float32" else None
+    compile_layers = config.train.compile
+    if compile_layers is None:
+        # on where it was measured to pay (issue #27, BENCHMARKS.md); a CPU run is too short to
+        # earn back the compile, and checkpointed layers re-enter the forward in the backward
+        compile_layers = device.type == "cuda" and not config.model.gradient_checkpointing
     return TorchPolicyBackend(
         model,
         tokenizer,
@@ -275,4 +354,5 @@ def build_backend(config, tokenizer, device) -> TorchPolicyBackend:
         transfer_dtype=engine_dtype(config, device),
         gradient_checkpointing=config.model.gradient_checkpointing,
         reference_model=reference,
+        compile_backend="inductor" if compile_layers else None,
     )
