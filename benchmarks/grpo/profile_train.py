@@ -12,6 +12,7 @@ import argparse
 import time
 
 import torch
+from profile_rollout import gpu_busy_s  # the sibling script (benchmarks/grpo/ is sys.path[0])
 from torch.profiler import ProfilerActivity, profile
 
 from slime_gb10.grpo import algo
@@ -84,7 +85,7 @@ def main() -> None:
             backend.train_step(micro, loss_fn)
             torch.cuda.synchronize()
         events = prof.key_averages()
-        busy = sum(e.self_device_time_total for e in events) / 1e6
+        busy = gpu_busy_s(prof)
         step = sorted(times)[1]
         tflops = 6 * backend.num_parameters * tokens / step / 1e12
         label = f"compiled ({backend_name})" if backend.compiled else "plain"

@@ -149,6 +149,8 @@ def init(config) -> DistContext:
         torch.distributed.init_process_group(
             backend="nccl" if use_cuda else "gloo",
             timeout=datetime.timedelta(seconds=config.train.dist_timeout_s),
+            # bind the process group to this rank's GPU (else NCCL guesses it at the first barrier)
+            device_id=torch.device("cuda", local_rank) if use_cuda else None,
         )
     ctx = DistContext(rank=rank, world_size=world_size, local_rank=local_rank)
     log.info(
