@@ -143,7 +143,7 @@ def test_clipping_both_epsilons():
     # 1.5   -1  -1.5   -1.28         1.5      no
     r = torch.tensor([[1.5, 1.25, 0.5, 0.5, 0.79, 1.5]])
     adv = torch.tensor([[1.0, 1.0, 1.0, -1.0, -1.0, -1.0]])
-    loss, clipped = clipped_surrogate(torch.log(r), torch.zeros_like(r), adv, 0.2, 0.28)
+    loss, clipped = clipped_surrogate(torch.log(r), torch.zeros_like(r), adv, eps_low=0.2, eps_high=0.28)
     close(loss, [[-1.28, -1.25, -0.5, 0.8, 0.8, 1.5]])
     assert clipped.tolist() == [[True, False, False, True, True, False]]
 
@@ -151,7 +151,7 @@ def test_clipping_both_epsilons():
 def test_clipped_tokens_get_no_gradient():
     r = torch.tensor([[1.5, 1.1]])
     lp = torch.log(r).requires_grad_()
-    loss, _ = clipped_surrogate(lp, torch.zeros_like(r), torch.tensor([2.0]))
+    loss, _ = clipped_surrogate(lp, torch.zeros_like(r), torch.tensor([2.0]), eps_low=0.2, eps_high=0.28)
     loss.sum().backward()
     # clipped token: 0; unclipped: d(-r*A)/dlp = -r*A = -1.1*2 = -2.2
     close(lp.grad, [[0.0, -2.2]])
@@ -159,7 +159,7 @@ def test_clipped_tokens_get_no_gradient():
 
 def test_advantage_shape_errors():
     with pytest.raises(ValueError, match="batch size"):
-        clipped_surrogate(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(3))
+        clipped_surrogate(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(3), eps_low=0.2, eps_high=0.28)
 
 
 # --- KL, TIS, overlong -----------------------------------------------------------------------

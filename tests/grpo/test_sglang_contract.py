@@ -298,11 +298,11 @@ class RecordingEngine:
 
 
 def test_update_weights_feeds_one_bucket_per_call_then_flushes():
-    from slime_gb10.grpo.weight_sync import make_weight_stream
+    from slime_gb10.grpo.weight_sync import WeightStream
 
     torch.manual_seed(0)
     tensors = {f"model.layers.{i}.mlp.up_proj.weight": torch.randn(64, 32) for i in range(5)}
-    stream = make_weight_stream(
+    stream = WeightStream(
         lambda: iter(tensors.items()), bucket_bytes=2 * 64 * 32 * 2, transfer_dtype=torch.bfloat16
     )
     assert len(stream.metadata) == 3  # 2 + 2 + 1 tensors of 4 KiB in BF16
@@ -319,14 +319,14 @@ def test_update_weights_feeds_one_bucket_per_call_then_flushes():
 
 
 def test_sleep_wake_and_weight_update_order():
-    from slime_gb10.grpo.weight_sync import make_weight_stream
+    from slime_gb10.grpo.weight_sync import WeightStream
 
     fake = RecordingEngine()
     engine = adapter.SGLangRolloutEngine(
         fake, stop_token_ids=[], memory_saver=True, device=torch.device("cpu")
     )
     engine.sleep()
-    engine.update_weights(make_weight_stream(lambda: iter([("w", torch.ones(4))]), bucket_bytes=1 << 20))
+    engine.update_weights(WeightStream(lambda: iter([("w", torch.ones(4))]), bucket_bytes=1 << 20))
     engine.wake()
     names = [(c[0], c[1].get("tags")) for c in fake.calls if "memory" in c[0]]
     assert names == [

@@ -11,7 +11,8 @@ import copy
 import pytest
 import torch
 
-from slime_gb10.grpo.backends.torch_backend import NonFiniteError, TorchPolicyBackend, right_padded
+from slime_gb10.grpo.backends.torch_backend import NonFiniteError, TorchPolicyBackend
+from slime_gb10.grpo.batching import right_padded
 from slime_gb10.grpo.engines.torch_engine import TorchRolloutEngine
 from slime_gb10.grpo.interfaces import SamplingParams, TokenBatch
 from slime_gb10.grpo.models import (

@@ -11,12 +11,11 @@ import math
 import pytest
 import torch
 
+from slime_gb10.grpo.engines.sampling import filter_logits, row_uniforms, sample_next_token
 from slime_gb10.grpo.engines.torch_engine import (
     GRAPH_REPLAY_TOLERANCE,
     TorchRolloutEngine,
-    filter_logits,
     graph_replay_error,
-    sample_next_token,
 )
 from slime_gb10.grpo.interfaces import SamplingParams
 from slime_gb10.grpo.models import (
@@ -150,7 +149,6 @@ def test_keyed_sampling_has_the_right_distribution():
 
 
 def test_row_uniforms_are_uniform_and_depend_only_on_key_and_step():
-    from slime_gb10.grpo.engines.torch_engine import row_uniforms
 
     keys = torch.arange(100_000) + 2**40  # keys above 2^32 use their high half too
     u = row_uniforms(keys, step=7)
@@ -160,6 +158,30 @@ def test_row_uniforms_are_uniform_and_depend_only_on_key_and_step():
     assert torch.equal(row_uniforms(keys[5:6], 7), u[5:6])  # alone or in a batch: the same draw
     assert not torch.equal(row_uniforms(keys, 8), u)
     assert not torch.equal(row_uniforms(keys - 2**40, 7), u)
+    # every step at once (what the decode loop draws up front) = step by step, bit for bit
+    every = row_uniforms(keys[None, :1000], torch.arange(12)[:, None])
+    assert every.shape == (12, 1000)
+    for step in (0, 7, 11):
+        assert torch.equal(every[step], row_uniforms(keys[:1000], step))
+
+
+@pytest.mark.gpu
+def test_the_compiled_sampler_samples_what_the_plain_one_does_on_gpu(tiny_dir, tokenizer):
+    """The engine's sampler compiled with the decode step (inductor) against the plain function at
+    the same uniforms: the same tokens and logprobs (float64 CDFs; only a uniform within rounding
+    of a CDF step could differ, which 20,000 draws do not meet)."""
+    model = load_causal_lm(str(tiny_dir), dtype=torch.bfloat16)
+    engine = TorchRolloutEngine(model, tokenizer, "cuda", eos_token_ids=[0], compile_decode=True)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    logits = (3 * torch.randn(160, 49152, generator=gen, device="cuda")).to(torch.bfloat16)
+    for step in range(125):
+        u = row_uniforms(torch.arange(160, device="cuda")[None] + 7, torch.tensor([[step]], device="cuda"))[0]
+        params = SamplingParams(temperature=0.9)
+        fast, fast_lp = engine._sample(logits, params, uniforms=u)
+        plain, plain_lp = sample_next_token(logits, params, uniforms=u)
+        assert torch.equal(fast, plain), step
+        torch.testing.assert_close(fast_lp, plain_lp, atol=1e-5, rtol=0)
+    assert engine._sample is not sample_next_token  # still compiled: no fallback happened
 
 
 def test_zero_probability_tokens_are_never_sampled():
@@ -274,13 +296,13 @@ def test_sliding_window_models_stay_off_the_full_attention_static_path():
 def test_a_bad_weight_stream_overwrites_no_parameter(tiny_dir, tokenizer, mutate, message):
     """The whole metadata is checked against the engine's parameters before the first copy (the
     faulty tensor is the LAST one, so a check while copying would already have written the rest)."""
-    from slime_gb10.grpo.weight_sync import WeightSyncError, make_weight_stream
+    from slime_gb10.grpo.weight_sync import WeightStream, WeightSyncError
 
     model = load_causal_lm(str(tiny_dir))
     engine = TorchRolloutEngine(model, tokenizer, "cpu", eos_token_ids=eos_token_ids(tokenizer, model))
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     named = [(n, torch.randn_like(p)) for n, p in model.named_parameters()]
-    stream = make_weight_stream(lambda: mutate(named), bucket_bytes=1 << 30, transfer_dtype=None)
+    stream = WeightStream(lambda: mutate(named), bucket_bytes=1 << 30, transfer_dtype=None)
     with pytest.raises(WeightSyncError, match=message):
         engine.update_weights(stream)
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
@@ -353,7 +375,7 @@ def test_fused_projections_decode_like_the_hf_forward_and_follow_weight_sync(tok
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from slime_gb10.grpo.engines.torch_engine import FUSED_GATE_UP, FUSED_QKV
-    from slime_gb10.grpo.weight_sync import make_weight_stream
+    from slime_gb10.grpo.weight_sync import WeightStream
 
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -382,7 +404,7 @@ def test_fused_projections_decode_like_the_hf_forward_and_follow_weight_sync(tok
     torch.manual_seed(6)
     new = Qwen2ForCausalLM(config).eval()
     named = list(new.named_parameters())
-    static.update_weights(make_weight_stream(lambda: named, bucket_bytes=1 << 30, transfer_dtype=None))
+    static.update_weights(WeightStream(lambda: named, bucket_bytes=1 << 30, transfer_dtype=None))
     assert torch.equal(
         getattr(attn, FUSED_QKV)[0][: attn.q_proj.weight.shape[0]],
         new.model.layers[0].self_attn.q_proj.weight,

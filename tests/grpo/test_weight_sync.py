@@ -17,7 +17,6 @@ from slime_gb10.grpo.weight_sync import (
     WeightBucket,
     WeightStream,
     WeightSyncError,
-    make_weight_stream,
     plan_chunks,
     receive,
     receive_buckets,
@@ -47,7 +46,7 @@ def mixed_tensors() -> dict[str, torch.Tensor]:
 
 
 def roundtrip(tensors: dict[str, torch.Tensor], **kwargs) -> dict[str, torch.Tensor]:
-    stream = make_weight_stream(lambda: tensors.items(), **kwargs)
+    stream = WeightStream(lambda: tensors.items(), **kwargs)
     return {name: t.clone() for name, t in receive(stream)}
 
 
@@ -132,7 +131,7 @@ def test_roundtrip_bit_exact_mixed_dtypes_native():
     # transfer_dtype=None: every tensor travels in its own dtype -> bytes identical; one bucket
     # holds bf16 + fp32 (keep rule) + int64 + fp16 + fp32 + bool
     tensors = mixed_tensors()
-    stream = make_weight_stream(lambda: tensors.items(), bucket_bytes=1 << 20, transfer_dtype=None)
+    stream = WeightStream(lambda: tensors.items(), bucket_bytes=1 << 20, transfer_dtype=None)
     assert len(stream) == 1
     assert {t.dtype for t in stream.metadata[0].tensors} >= {
         "bfloat16",
@@ -166,7 +165,7 @@ def test_roundtrip_bf16_transfer_and_keep_fp32():
 
 
 def test_empty_model():
-    stream = make_weight_stream(lambda: iter(()), bucket_bytes=1024)
+    stream = WeightStream(lambda: iter(()), bucket_bytes=1024)
     assert stream.metadata == [] and stream.total_bytes == 0
     assert list(receive(stream)) == []
 
@@ -206,7 +205,7 @@ def test_real_moe_model_roundtrip():
     gate.e_score_correction_bias = gate.e_score_correction_bias.float()
     targets = dict(engine_model.named_parameters()) | dict(engine_model.named_buffers())
 
-    stream = make_weight_stream(lambda: trainer_model.state_dict().items(), bucket_bytes=4096)
+    stream = WeightStream(lambda: trainer_model.state_dict().items(), bucket_bytes=4096)
     assert len(stream) > 3  # several buckets
     received = set()
     with torch.no_grad():
@@ -226,7 +225,7 @@ def test_real_moe_model_roundtrip():
 def test_metadata_and_buckets_pickle():
     # the metadata and buckets cross process boundaries (rollout engine workers)
     tensors = mixed_tensors()
-    stream = make_weight_stream(lambda: tensors.items(), bucket_bytes=256)
+    stream = WeightStream(lambda: tensors.items(), bucket_bytes=256)
     metadata = pickle.loads(pickle.dumps(stream.metadata))
     buckets = [pickle.loads(pickle.dumps(b)) for b in stream]
     out = dict(receive((metadata, buckets)))
@@ -235,7 +234,7 @@ def test_metadata_and_buckets_pickle():
 
 def test_stream_can_be_iterated_twice_and_holds_no_payload():
     tensors = mixed_tensors()
-    stream = make_weight_stream(lambda: tensors.items(), bucket_bytes=256)
+    stream = WeightStream(lambda: tensors.items(), bucket_bytes=256)
     first = [raw_bytes(b.payload) for b in stream]
     second = [raw_bytes(b.payload) for b in stream]
     assert first == second
@@ -248,7 +247,7 @@ def test_stream_can_be_iterated_twice_and_holds_no_payload():
 
 def _stream_parts(bucket_bytes=256):
     tensors = mixed_tensors()
-    stream = make_weight_stream(lambda: tensors.items(), bucket_bytes=bucket_bytes)
+    stream = WeightStream(lambda: tensors.items(), bucket_bytes=bucket_bytes)
     return list(stream.metadata), list(stream)
 
 
@@ -409,7 +408,7 @@ def test_random_models_roundtrip(specs, bucket_bytes, alignment, native):
         else:
             t = torch.randint(0, 100, shape, generator=g).to(dtype)
         tensors[f"layer.{i}.w"] = t
-    stream = make_weight_stream(
+    stream = WeightStream(
         lambda: tensors.items(), bucket_bytes=bucket_bytes, transfer_dtype=None if native else torch.bfloat16
     )
     # alignment is a plan parameter; check the plan with the requested alignment too
@@ -427,7 +426,7 @@ def test_random_models_roundtrip(specs, bucket_bytes, alignment, native):
 @pytest.mark.gpu
 def test_cuda_payload_stays_on_source_device_and_unpacks_anywhere():
     tensors = {k: v.cuda() for k, v in mixed_tensors().items()}
-    stream = make_weight_stream(lambda: tensors.items(), bucket_bytes=256)
+    stream = WeightStream(lambda: tensors.items(), bucket_bytes=256)
     buckets = list(stream)
     assert all(b.payload.device.type == "cuda" for b in buckets)
     on_cpu = dict(receive((stream.metadata, buckets), device="cpu"))

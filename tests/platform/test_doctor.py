@@ -606,7 +606,7 @@ def test_w4a16_kernels_verdicts(monkeypatch, child, status, phrase):
     """The verdicts from what the probe child prints (the child itself runs on the GPU: test_doctor_on_a_real_gpu)."""
     from slime_gb10.nvfp4 import selfcheck  # where the check lives (and looks these two up)
 
-    monkeypatch.setattr(selfcheck, "_installed", lambda name: True)
+    monkeypatch.setattr(selfcheck, "installed", lambda name: True)
     monkeypatch.setattr(
         selfcheck, "run_child_module", lambda module, timeout, *a, **k: doctor.ChildResult(0, "", "", child)
     )
@@ -627,8 +627,8 @@ def test_a_package_whose_import_crashes_is_a_fail_line_not_a_dead_doctor(fake_pa
     # looking it up imports nothing (in a fresh interpreter: this one may hold the real megatron)
     probe = subprocess.run(
         [sys.executable, "-c",
-         "import sys; from slime_gb10.platform.checks import _installed;"
-         "print(_installed('megatron.core'), _installed('megatron.nosuch'), 'megatron' in sys.modules)"],
+         "import sys; from slime_gb10.platform.checks import installed;"
+         "print(installed('megatron.core'), installed('megatron.nosuch'), 'megatron' in sys.modules)"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert probe.returncode == 0 and probe.stdout.split() == ["True", "False", "False"], probe

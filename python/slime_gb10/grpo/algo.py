@@ -162,8 +162,9 @@ def clipped_surrogate(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
-    eps_low: float = 0.2,
-    eps_high: float = 0.28,
+    *,
+    eps_low: float,
+    eps_high: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO-clip surrogate with DAPO's decoupled clip range (clip-higher, Yu et al. 2025, eq. 10).
 
@@ -260,7 +261,9 @@ def grpo_loss(
         raise ValueError(f"tis_cap={tis_cap} needs rollout_logprobs (the rollout engine's logprobs)")
 
     mask = completion_mask.to(logprobs.dtype)
-    clip_loss, clipped = clipped_surrogate(logprobs, old_logprobs, advantages, eps_low, eps_high)
+    clip_loss, clipped = clipped_surrogate(
+        logprobs, old_logprobs, advantages, eps_low=eps_low, eps_high=eps_high
+    )
 
     if tis_cap is not None:
         tis_weights = truncated_importance_weights(old_logprobs, rollout_logprobs, tis_cap)

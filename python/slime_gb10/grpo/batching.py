@@ -50,6 +50,12 @@ def collate(samples: list[Sample], pad_token_id: int) -> tuple[TokenBatch, dict[
     return TokenBatch(input_ids, attention_mask, completion_mask), extras
 
 
+def right_padded(attention_mask: torch.Tensor) -> bool:
+    """True when every row is its tokens followed by padding only (:class:`TokenBatch`'s layout,
+    what :func:`collate` builds): causal attention then needs no padding mask."""
+    return bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all())
+
+
 def split_microbatches(samples: list[Sample], micro_batch_size: int) -> list[list[Sample]]:
     """Sort by length (less padding) and cut into microbatches of at most ``micro_batch_size``."""
     ordered = sorted(samples, key=lambda s: s.length)

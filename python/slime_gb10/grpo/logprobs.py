@@ -270,19 +270,16 @@ def sequence_logprobs_entropy(
     lm_head_weight: torch.Tensor,
     input_ids: torch.Tensor,
     completion_mask: torch.Tensor,
-    *,
-    temperature: float = 1.0,
-    chunk_size: int = 4096,
-    with_entropy: bool = True,
-    lm_head_bias: torch.Tensor | None = None,
-    token_chunk_size: int = 4096,
+    **options,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-position logprobs ``[B, T]`` of ``input_ids`` from the last hidden states ``[B, T, H]``.
 
     Token ``t`` is predicted from position ``t - 1`` (``TokenBatch`` convention), so row ``t`` of
     the output is ``log p(input_ids[:, t] | hidden[:, t - 1])``. Only positions where
     ``completion_mask`` is nonzero are computed (prompt and padding tokens cost nothing); the
-    others, and position 0, are 0. Differentiable like :func:`chunked_logprobs_entropy`.
+    others, and position 0, are 0. Differentiable like :func:`chunked_logprobs_entropy`, which
+    takes ``options`` (``temperature``, ``with_entropy``, ``lm_head_bias``, the chunk sizes). Both
+    policy backends compute their logprobs through it.
     """
     if hidden.dim() != 3 or input_ids.shape != hidden.shape[:2] or completion_mask.shape != input_ids.shape:
         raise ValueError(
@@ -293,16 +290,7 @@ def sequence_logprobs_entropy(
     selected = completion_mask[:, 1:].bool()
     rows = hidden[:, :-1][selected]
     targets = input_ids[:, 1:][selected]
-    logprobs, entropy = chunked_logprobs_entropy(
-        rows,
-        lm_head_weight,
-        targets,
-        temperature=temperature,
-        chunk_size=chunk_size,
-        with_entropy=with_entropy,
-        lm_head_bias=lm_head_bias,
-        token_chunk_size=token_chunk_size,
-    )
+    logprobs, entropy = chunked_logprobs_entropy(rows, lm_head_weight, targets, **options)
 
     def scatter(values: torch.Tensor) -> torch.Tensor:
         full = values.new_zeros(batch, length - 1).masked_scatter(selected, values)

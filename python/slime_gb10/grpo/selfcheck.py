@@ -5,8 +5,6 @@ from __future__ import annotations
 from slime_gb10.platform.checks import (
     CheckResult,
     DoctorContext,
-    _ok,
-    _warn,
     register_check,
     run_child_module,
 )
@@ -23,10 +21,12 @@ def grpo_backend_pair(sglang_ok: bool, megatron_ok: bool) -> str:
 def check_grpo_backends(ctx: DoctorContext) -> CheckResult:
     """Which rollout engine + policy backend pair this machine can run (SGLang / Megatron-core, else PyTorch)."""
     if not ctx.gpu:
-        return _ok("grpo_backends", f"auto = torch+torch (the portable PyTorch path; {ctx.no_gpu_reason()})")
+        return CheckResult.ok(
+            "grpo_backends", f"auto = torch+torch (the portable PyTorch path; {ctx.no_gpu_reason()})"
+        )
     child = run_child_module("slime_gb10.platform.probes.grpo_backends", ctx.timeout_s)
     if child.data is None:
-        return _warn(
+        return CheckResult.warn(
             "grpo_backends",
             f"probing the SGLang / Megatron backends {child.how_it_ended()}; training falls back to torch+torch",
             "run: python -c 'import slime_gb10.grpo.engines.sglang_engine' to see the error",
@@ -36,11 +36,11 @@ def check_grpo_backends(ctx: DoctorContext) -> CheckResult:
     reason = f"auto = {pair} (sglang: {sglang_why}; megatron: {megatron_why})"
     details = {"pair": pair, "sglang": child.data["sglang"], "megatron": child.data["megatron"]}
     if ctx.gb10 and pair != "sglang+megatron":
-        return _warn(
+        return CheckResult.warn(
             "grpo_backends",
             f"{reason}: GB10 runs best on sglang+megatron",
             "enter the flake's environment (`nix develop`), which builds both for sm_121a, "
             "or pip install 'slime-gb10[sglang,megatron,te]'",
             **details,
         )
-    return _ok("grpo_backends", reason, **details)
+    return CheckResult.ok("grpo_backends", reason, **details)

@@ -325,24 +325,6 @@ class WeightStream:
             )
 
 
-def make_weight_stream(
-    named_tensors_fn: Callable[[], Iterable[tuple[str, torch.Tensor]]],
-    *,
-    bucket_bytes: int,
-    transfer_dtype: torch.dtype | None = torch.bfloat16,
-    keep_fp32: Sequence[str] = DEFAULT_KEEP_FP32,
-    alignment: int = 256,
-) -> WeightStream:
-    """A :class:`WeightStream` over ``named_tensors_fn()`` (called once now for the metadata, once per iteration)."""
-    return WeightStream(
-        named_tensors_fn,
-        bucket_bytes=bucket_bytes,
-        transfer_dtype=transfer_dtype,
-        keep_fp32=keep_fp32,
-        alignment=alignment,
-    )
-
-
 def unpack_bucket(
     bucket: WeightBucket, device: torch.device | str | None = None
 ) -> list[tuple[str, torch.Tensor]]:

@@ -105,27 +105,20 @@ def valid(p: GemmPlan, M: int, N: int, K: int) -> bool:
 
 
 def w4a16_gemm(x2, data, scale_codes, global_scale, bias, out, p: GemmPlan) -> None:
-    """Launch (all tensors on one CUDA device; x2 BF16 [M, K] with unit stride)."""
-    M, K = x2.shape
-    N = data.shape[0]
+    """Launch the tiled GEMM (all tensors on one CUDA device; x2 BF16 [M, K] with unit stride)."""
+    M, N, K = x2.shape[0], data.shape[0], x2.shape[1]
     if not valid(p, M, N, K):
         raise ValueError(
             f"CUDA W4A16 GEMM: the tiling {p} does not fit M={M}, N={N}, K={K} (needs N % {p.rows} == 0, "
             f"K % 128 == 0 with at least {p.cluster} steps of 128, and {shared_bytes(p)} <= {max_shared_bytes()} "
             "bytes of shared memory; see plan)"
         )
-    launch_w4a16(
-        _kernel(cuda_index(x2), p),
+    grid, operands = (
         (N // p.rows, p.cluster, -(-M // p.tokens)),
-        p.threads,
-        shared_bytes(p),
-        x2,
-        data,
-        scale_codes,
-        global_scale,
-        bias,
-        out,
-        name="CUDA W4A16 GEMM",
+        (x2, data, scale_codes, global_scale, bias, out),
+    )
+    launch_w4a16(
+        _kernel(cuda_index(x2), p), grid, p.threads, shared_bytes(p), operands, name="CUDA W4A16 GEMM"
     )
 
 

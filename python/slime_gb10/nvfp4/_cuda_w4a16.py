@@ -204,18 +204,16 @@ def launch_w4a16(
     grid: tuple,
     threads: int,
     smem: int,
-    x2,
-    data,
-    scale_codes,
-    global_scale,
-    bias,
-    out,
+    operands: tuple,
     extra: tuple = (),
     name: str = "CUDA W4A16 kernel",
 ) -> None:
-    """Launch one of the NVRTC W4A16 kernels (all three take the same leading arguments: x, codes,
-    scale codes, global scale, bias or a stand-in, out, M, N, K, x's row stride, has_bias; then
-    ``extra``). x's rows are copied in 16-byte chunks (:func:`aligned_rows`); the codes must be 16-byte and the scale codes 8-byte aligned."""
+    """Launch one of the NVRTC W4A16 kernels on ``operands`` = (x2, codes, scale codes, global scale,
+    bias or None, out). All three kernels take the same leading arguments: x, codes, scale codes,
+    global scale, bias or a stand-in, out, M, N, K, x's row stride, has_bias; then ``extra``. x's
+    rows are copied in 16-byte chunks (:func:`aligned_rows`); the codes must be 16-byte and the
+    scale codes 8-byte aligned."""
+    x2, data, scale_codes, global_scale, bias, out = operands
     M, K = x2.shape
     x2 = aligned_rows(x2)
     check_weights(name, data, scale_codes)
@@ -463,16 +461,6 @@ def w4a16_small(x2, data, scale_codes, global_scale, bias, out, p: Plan) -> None
             f"one K segment per warp and "
             f"{shared_bytes(p, M, K)} <= {max_shared_bytes()} bytes of shared memory; see plan)"
         )
-    launch_w4a16(
-        _kernel(cuda_index(x2), p),
-        (N // (p.rows * p.rw), p.cluster, 1),
-        32 * p.warps,
-        shared_bytes(p, M, K),
-        x2,
-        data,
-        scale_codes,
-        global_scale,
-        bias,
-        out,
-        extra=(_ring_offset(p, M, K), stored_tokens(p, M), window(p, K)),
-    )
+    grid, operands = (N // (p.rows * p.rw), p.cluster, 1), (x2, data, scale_codes, global_scale, bias, out)
+    extra = (_ring_offset(p, M, K), stored_tokens(p, M), window(p, K))
+    launch_w4a16(_kernel(cuda_index(x2), p), grid, 32 * p.warps, shared_bytes(p, M, K), operands, extra)

@@ -44,6 +44,23 @@ class CheckResult:
         if self.status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
 
+    # One constructor per status: what every check returns.
+    @classmethod
+    def ok(cls, name: str, reason: str, **details) -> CheckResult:
+        return cls(name, "ok", reason, None, details)
+
+    @classmethod
+    def skip(cls, name: str, reason: str, **details) -> CheckResult:
+        return cls(name, "skip", reason, None, details)
+
+    @classmethod
+    def warn(cls, name: str, reason: str, fix: str, **details) -> CheckResult:
+        return cls(name, "warn", reason, fix, details)
+
+    @classmethod
+    def fail(cls, name: str, reason: str, fix: str, **details) -> CheckResult:
+        return cls(name, "fail", reason, fix, details)
+
 
 @dataclass
 class DoctorContext:
@@ -127,22 +144,6 @@ def register_check(name: str, *, gpu: bool = False, help: str = "", before: str 
     return decorate
 
 
-def _ok(name, reason, **details) -> CheckResult:
-    return CheckResult(name, "ok", reason, None, details)
-
-
-def _skip(name, reason, **details) -> CheckResult:
-    return CheckResult(name, "skip", reason, None, details)
-
-
-def _warn(name, reason, fix, **details) -> CheckResult:
-    return CheckResult(name, "warn", reason, fix, details)
-
-
-def _fail(name, reason, fix, **details) -> CheckResult:
-    return CheckResult(name, "fail", reason, fix, details)
-
-
 # --- running code in a child with a time limit ---------------------------------------------------
 
 
@@ -196,7 +197,7 @@ def _run_child(
     return ChildResult(proc.returncode, proc.stdout, proc.stderr, data)
 
 
-def _dist_version(*names: str) -> str | None:
+def dist_version(*names: str) -> str | None:
     for name in names:
         try:
             return importlib.metadata.version(name)
@@ -205,7 +206,7 @@ def _dist_version(*names: str) -> str | None:
     return None
 
 
-def _installed(module: str) -> bool:
+def installed(module: str) -> bool:
     """Whether ``module`` can be found, WITHOUT importing anything in the doctor's process.
 
     ``importlib.util.find_spec("megatron.core")`` imports ``megatron`` first, and an optional
@@ -230,7 +231,7 @@ def _installed(module: str) -> bool:
         return False
 
 
-def _version_tuple(text: str) -> tuple[int, ...]:
+def version_tuple(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
 
 
@@ -239,12 +240,12 @@ def _version_tuple(text: str) -> tuple[int, ...]:
 
 def _run_one(check: Check, ctx: DoctorContext) -> CheckResult:
     if check.gpu and not ctx.gpu:
-        return _skip(check.name, f"{ctx.no_gpu_reason()}: GPU check skipped")
+        return CheckResult.skip(check.name, f"{ctx.no_gpu_reason()}: GPU check skipped")
     start = time.monotonic()
     try:
         result = check.fn(ctx)
     except Exception as exc:  # a bug in a check must not hide the others
-        return _fail(
+        return CheckResult.fail(
             check.name,
             f"the check itself crashed: {type(exc).__name__}: {exc}",
             "report this as a slime-gb10 bug with the output of `slime-gb10 doctor --json`",
@@ -307,7 +308,7 @@ def run_registered(ctx: DoctorContext, checks: list[Check]) -> list[CheckResult]
             out.append(results[check.name])
         else:
             out.append(
-                _fail(
+                CheckResult.fail(
                     check.name,
                     f"did not finish within {limit:g} s",
                     "run `slime-gb10 doctor --timeout 300` once to tell a slow machine from a hang",

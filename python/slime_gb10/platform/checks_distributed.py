@@ -14,10 +14,6 @@ from pathlib import Path
 from slime_gb10.platform.checks import (
     CheckResult,
     DoctorContext,
-    _fail,
-    _ok,
-    _skip,
-    _warn,
     register_check,
     run_child_module,
 )
@@ -56,7 +52,7 @@ def check_distributed(ctx: DoctorContext) -> CheckResult:
     """Under torchrun: NCCL (or gloo) joins every rank, an all-reduce sums right, its bus bandwidth; RDMA devices."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
-        return _skip(
+        return CheckResult.skip(
             "distributed",
             "one process; `torchrun --nproc-per-node N -m slime_gb10 doctor` checks NCCL, RDMA and an all-reduce",
         )
@@ -66,7 +62,7 @@ def check_distributed(ctx: DoctorContext) -> CheckResult:
     nccl_env = {k: os.environ[k] for k in NCCL_VARIABLES if k in os.environ}
     details = {"rdma_devices": devices, "nccl_env": nccl_env, **(child.data or {})}
     if child.data is None:
-        return _fail(
+        return CheckResult.fail(
             "distributed",
             f"the all-reduce between the {world} ranks {child.how_it_ended()}",
             "check that every rank reaches MASTER_ADDR:MASTER_PORT and the NCCL variables (NCCL_SOCKET_IFNAME, "
@@ -75,7 +71,7 @@ def check_distributed(ctx: DoctorContext) -> CheckResult:
         )
     data = child.data
     if not data.get("correct"):
-        return _fail(
+        return CheckResult.fail(
             "distributed",
             f"an all-reduce over {world} ranks returned a wrong sum",
             "a broken transport: rerun with NCCL_DEBUG=INFO and NCCL_IB_DISABLE=1 to tell RDMA from sockets",
@@ -89,11 +85,11 @@ def check_distributed(ctx: DoctorContext) -> CheckResult:
     )
     multi_node = world > int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     if multi_node and data["backend"] == "nccl" and not any(_active(d) for d in devices):
-        return _warn(
+        return CheckResult.warn(
             "distributed",
             f"{reason}: no active RDMA device, so NCCL between the boxes runs over TCP sockets",
             "cable and bring up the ConnectX-7 link, then set NCCL_IB_HCA and NCCL_SOCKET_IFNAME "
             "(README, 'Several GPUs, two Sparks')",
             **details,
         )
-    return _ok("distributed", reason, **details)
+    return CheckResult.ok("distributed", reason, **details)

@@ -16,11 +16,8 @@ from slime_gb10.platform.checks import (
     CheckFn,
     CheckResult,
     DoctorContext,
-    _dist_version,
-    _fail,
-    _installed,
-    _ok,
-    _skip,
+    dist_version,
+    installed,
     register_check,
     run_child_module,
 )
@@ -96,23 +93,23 @@ def _package_files(module: str, limit: int = 40) -> list[Path]:
 def check_package(ctx: DoctorContext, spec: PackageSpec) -> CheckResult:
     """Import ``spec.module`` in a child; classify failures (blockers #2/#3); scan its .so files (#2/#4)."""
     name = spec.check
-    if not _installed(spec.module.split(".")[0]) or not _installed(spec.module):
-        return _skip(name, f"not installed (optional: {spec.extra})")
-    dist_version = _dist_version(*spec.dists)
+    if not installed(spec.module.split(".")[0]) or not installed(spec.module):
+        return CheckResult.skip(name, f"not installed (optional: {spec.extra})")
+    dist = dist_version(*spec.dists)
     child = run_child_module("slime_gb10.platform.probes.import_module", ctx.timeout_s, args=(spec.module,))
-    details: dict[str, Any] = {"dist_version": dist_version}
+    details: dict[str, Any] = {"dist_version": dist}
     if child.data is None:
         error = child.error_line() if not child.timed_out else ""
         details["error"] = error
         if "undefined symbol" in child.stderr:
-            return _fail(
+            return CheckResult.fail(
                 name,
                 f"import fails: {error} — built against another torch (blocker #3)",
                 spec.rebuild,
                 **details,
             )
         if m := _CU12_RE.search(child.stderr):
-            return _fail(
+            return CheckResult.fail(
                 name,
                 f"import fails: needs {m.group(0)}, a CUDA 12 library — this is a cu12 build (blocker #2)",
                 spec.rebuild,
@@ -120,18 +117,18 @@ def check_package(ctx: DoctorContext, spec: PackageSpec) -> CheckResult:
             )
         if not child.timed_out and (m := re.search(r"No module named '([\w.]+)'", error)):
             missing = m.group(1).split(".")[0]
-            return _fail(
+            return CheckResult.fail(
                 name,
                 f"import fails: a dependency is missing: {error}",
                 f"pip install {missing} (or reinstall with dependencies: {spec.extra})",
                 **details,
             )
-        return _fail(name, f"import {child.how_it_ended()}", spec.rebuild, **details)
-    version = child.data.get("version") or dist_version or "?"
+        return CheckResult.fail(name, f"import {child.how_it_ended()}", spec.rebuild, **details)
+    version = child.data.get("version") or dist or "?"
     details.update(child.data)
     notes: list[str] = []
     if not spec.compiled:
-        return _ok(name, f"{spec.module} {version} imports", **details)
+        return CheckResult.ok(name, f"{spec.module} {version} imports", **details)
 
     files = _package_files(spec.module)
     cu12: dict[str, list[str]] = {}
@@ -145,7 +142,7 @@ def check_package(ctx: DoctorContext, spec: PackageSpec) -> CheckResult:
     details["cu12_needed"] = cu12
     if cu12 and ctx.cuda13:
         first = next(iter(cu12.items()))
-        return _fail(
+        return CheckResult.fail(
             name,
             f"{first[0]} needs {', '.join(first[1])} but torch uses CUDA {ctx.probe.data.get('torch_cuda')} (blocker #2)",
             spec.rebuild,
@@ -154,7 +151,7 @@ def check_package(ctx: DoctorContext, spec: PackageSpec) -> CheckResult:
     cuobjdump = binaries.find_cuobjdump()
     if cuobjdump is None:
         notes.append("cuobjdump not found: SASS archs not listed")
-        return _ok(name, f"{spec.module} {version} imports; " + "; ".join(notes), **details)
+        return CheckResult.ok(name, f"{spec.module} {version} imports; " + "; ".join(notes), **details)
     scan = binaries.cuobjdump_archs(
         files, cuobjdump, timeout_s=min(ctx.timeout_s, 20), budget_s=ctx.timeout_s
     )
@@ -163,23 +160,23 @@ def check_package(ctx: DoctorContext, spec: PackageSpec) -> CheckResult:
     )
     archs = ", ".join(sorted(scan.sass | scan.ptx)) or "none"
     if not scan.sass and not scan.ptx:
-        return _ok(
+        return CheckResult.ok(
             name,
             f"{spec.module} {version} imports; no GPU code found in {scan.files_scanned} .so files",
             **details,
         )
     if not ctx.gpu:
-        return _ok(name, f"{spec.module} {version} imports; carries {archs}", **details)
+        return CheckResult.ok(name, f"{spec.module} {version} imports; carries {archs}", **details)
     usable = binaries.compatible(scan.sass | scan.ptx, ctx.capability)
     if not usable:
         blocker = " (blocker #4)" if ctx.sm12x else ""
-        return _fail(
+        return CheckResult.fail(
             name,
             f"{spec.module} {version} carries {archs}: none runs on {sm_arch(ctx.capability)}{blocker}",
             spec.rebuild,
             **details,
         )
-    return _ok(
+    return CheckResult.ok(
         name,
         f"{spec.module} {version} imports; {', '.join(usable)} runs on {sm_arch(ctx.capability)}",
         **details,

@@ -52,126 +52,61 @@ class _Entry:
     peaks: DevicePeaks
 
 
-def _peaks(name, sm, fp32, bf16, fp8, nvfp4, bw, source, cap, unified=False) -> DevicePeaks:
-    return DevicePeaks(
-        name=name,
-        known=True,
-        sm_count=sm,
-        fp32_tflops=fp32,
-        bf16_tflops=bf16,
-        fp8_tflops=fp8,
-        nvfp4_tflops=nvfp4,
-        mem_bandwidth_gbs=bw,
-        unified_memory=unified,
-        source=source,
-        capability=cap,
-    )
+def _entry(pattern, name, cap, sm, fp32, bf16, fp8, nvfp4, bw, source, unified=False) -> _Entry:
+    """One row of the table: the pattern and capability that select it, then its peaks."""
+    peaks = DevicePeaks(name, True, sm, fp32, bf16, fp8, nvfp4, bw, unified, source, cap)
+    return _Entry(pattern, cap, peaks)
 
 
 _H100_DS = "NVIDIA H100 Tensor Core GPU datasheet (sparse figures halved)"
 _H200_DS = "NVIDIA H200 Tensor Core GPU datasheet (sparse figures halved)"
 _A100_DS = "NVIDIA A100 Tensor Core GPU datasheet (dense)"
+_GB200_DS = "NVIDIA GB200 NVL72 datasheet, per GPU (/72), sparse figures halved"
+_B200_DS = "NVIDIA HGX B200 datasheet, per GPU (/8), sparse figures halved"
+_TFLOPS = GB10["peakTflops"]
 
 # Order matters: the first entry whose capability equals the device's and whose pattern matches wins.
+# Columns: pattern, name, capability, SMs, TFLOPS dense FP32 / BF16 / FP8 / NVFP4, GB/s, source.
 PEAK_TABLE: tuple[_Entry, ...] = (
     # GB10 (DGX Spark): FP32 31, BF16 ~62 dense, NVFP4 500 dense (the "1 PFLOP" is 2:4 sparse),
     # 273 GB/s LPDDR5x shared by CPU and GPU, 48 SMs. No published dense FP8 figure we trust: None.
     # Source: nanochat GB10 changelog and DGX Spark setup notes (shared/REFERENCE.md).
-    _Entry(
+    _entry(
         r"\bGB10\b",
+        GB10["deviceName"],
         GB10_CAPABILITY,
-        _peaks(
-            GB10["deviceName"],
-            GB10["smCount"],
-            GB10["peakTflops"]["fp32"],
-            GB10["peakTflops"]["bf16"],
-            GB10["peakTflops"]["fp8"],
-            GB10["peakTflops"]["nvfp4"],
-            float(GB10["memoryBandwidthGBps"]),
-            GB10["peakSource"],
-            GB10_CAPABILITY,
-            unified=GB10["unifiedMemory"],
-        ),
+        GB10["smCount"],
+        _TFLOPS["fp32"],
+        _TFLOPS["bf16"],
+        _TFLOPS["fp8"],
+        _TFLOPS["nvfp4"],
+        float(GB10["memoryBandwidthGBps"]),
+        GB10["peakSource"],
+        unified=GB10["unifiedMemory"],
     ),
     # H100: SXM5 (torch reports "NVIDIA H100 80GB HBM3"), PCIe, NVL differ in clocks, power and memory.
     # Datasheet (sparse/2): SXM FP32 67, BF16 989, FP8 1979, 3.35 TB/s; PCIe FP32 51, BF16 756,
     # FP8 1513, 2.0 TB/s; NVL FP32 60, BF16 835, FP8 1671, 3.9 TB/s. No FP4 tensor cores on Hopper.
-    _Entry(
-        r"H100.*\bNVL\b",
-        (9, 0),
-        _peaks("NVIDIA H100 NVL", 132, 60.0, 835.0, 1671.0, None, 3900.0, _H100_DS, (9, 0)),
-    ),
-    _Entry(
-        r"H100.*PCIe",
-        (9, 0),
-        _peaks("NVIDIA H100 PCIe", 114, 51.0, 756.0, 1513.0, None, 2000.0, _H100_DS, (9, 0)),
-    ),
-    _Entry(
-        r"H100.*(HBM3|SXM)",
-        (9, 0),
-        _peaks("NVIDIA H100 SXM5", 132, 67.0, 989.0, 1979.0, None, 3350.0, _H100_DS, (9, 0)),
-    ),
+    _entry(r"H100.*\bNVL\b", "NVIDIA H100 NVL", (9, 0), 132, 60.0, 835.0, 1671.0, None, 3900.0, _H100_DS),
+    _entry(r"H100.*PCIe", "NVIDIA H100 PCIe", (9, 0), 114, 51.0, 756.0, 1513.0, None, 2000.0, _H100_DS),
+    _entry(r"H100.*(HBM3|SXM)", "NVIDIA H100 SXM5", (9, 0), 132, 67.0, 989.0, 1979.0, None, 3350.0, _H100_DS),
     # H200: same compute as H100 SXM (NVL: as H100 NVL), 141 GB HBM3e at 4.8 TB/s.
-    _Entry(
-        r"H200.*\bNVL\b",
-        (9, 0),
-        _peaks("NVIDIA H200 NVL", 132, 60.0, 835.0, 1671.0, None, 4800.0, _H200_DS, (9, 0)),
-    ),
-    _Entry(
-        r"\bH200\b",
-        (9, 0),
-        _peaks("NVIDIA H200 SXM", 132, 67.0, 989.0, 1979.0, None, 4800.0, _H200_DS, (9, 0)),
-    ),
+    _entry(r"H200.*\bNVL\b", "NVIDIA H200 NVL", (9, 0), 132, 60.0, 835.0, 1671.0, None, 4800.0, _H200_DS),
+    _entry(r"\bH200\b", "NVIDIA H200 SXM", (9, 0), 132, 67.0, 989.0, 1979.0, None, 4800.0, _H200_DS),
     # GB200 (per GPU = GB200 NVL72 datasheet / 72, sparse halved): FP32 80, BF16 2500, FP8 5000,
     # FP4 10000, 8 TB/s. Must come before the B200 entry ("GB200" contains "B200").
-    _Entry(
-        r"\bGB200\b",
-        (10, 0),
-        _peaks(
-            "NVIDIA GB200",
-            None,
-            80.0,
-            2500.0,
-            5000.0,
-            10000.0,
-            8000.0,
-            "NVIDIA GB200 NVL72 datasheet, per GPU (/72), sparse figures halved",
-            (10, 0),
-        ),
-    ),
+    _entry(r"\bGB200\b", "NVIDIA GB200", (10, 0), None, 80.0, 2500.0, 5000.0, 10000.0, 8000.0, _GB200_DS),
     # B200 (per GPU = HGX B200 datasheet / 8, sparse halved): FP32 75, BF16 2250, FP8 4500,
     # FP4 9000, 8 TB/s HBM3e, 148 SMs.
-    _Entry(
-        r"\bB200\b",
-        (10, 0),
-        _peaks(
-            "NVIDIA B200",
-            148,
-            75.0,
-            2250.0,
-            4500.0,
-            9000.0,
-            8000.0,
-            "NVIDIA HGX B200 datasheet, per GPU (/8), sparse figures halved",
-            (10, 0),
-        ),
-    ),
+    _entry(r"\bB200\b", "NVIDIA B200", (10, 0), 148, 75.0, 2250.0, 4500.0, 9000.0, 8000.0, _B200_DS),
     # A100 (no FP8/FP4): FP32 19.5, BF16 312 dense; 80GB SXM4 2039 GB/s, 80GB PCIe 1935, 40GB 1555.
-    _Entry(
-        r"A100.*SXM4.*80GB",
-        (8, 0),
-        _peaks("NVIDIA A100-SXM4-80GB", 108, 19.5, 312.0, None, None, 2039.0, _A100_DS, (8, 0)),
+    _entry(
+        r"A100.*SXM4.*80GB", "NVIDIA A100-SXM4-80GB", (8, 0), 108, 19.5, 312.0, None, None, 2039.0, _A100_DS
     ),
-    _Entry(
-        r"A100.*80GB.*PCIe",
-        (8, 0),
-        _peaks("NVIDIA A100 80GB PCIe", 108, 19.5, 312.0, None, None, 1935.0, _A100_DS, (8, 0)),
+    _entry(
+        r"A100.*80GB.*PCIe", "NVIDIA A100 80GB PCIe", (8, 0), 108, 19.5, 312.0, None, None, 1935.0, _A100_DS
     ),
-    _Entry(
-        r"A100.*40GB",
-        (8, 0),
-        _peaks("NVIDIA A100 40GB", 108, 19.5, 312.0, None, None, 1555.0, _A100_DS, (8, 0)),
-    ),
+    _entry(r"A100.*40GB", "NVIDIA A100 40GB", (8, 0), 108, 19.5, 312.0, None, None, 1555.0, _A100_DS),
 )
 
 

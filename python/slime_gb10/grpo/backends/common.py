@@ -27,6 +27,12 @@ def warmup_factor(step: int, warmup_steps: int) -> float:
     return min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
 
 
+def logprob_temperature(rollout_temperature: float) -> float:
+    """The temperature the trainer's logprobs use: the rollout's (its tokens were sampled from
+    ``softmax(logits / T)``), or 1 after greedy rollouts (``T == 0`` has no softmax to match)."""
+    return rollout_temperature if rollout_temperature > 0 else 1.0
+
+
 def batch_to_device(batch: TokenBatch, device: torch.device) -> TokenBatch:
     if batch.input_ids.device == device:
         return batch

@@ -38,6 +38,7 @@ from slime_gb10.grpo.backends.common import (
     NonFiniteError,
     accumulate_gradients,
     batch_to_device,
+    logprob_temperature,
     warmup_factor,
 )
 from slime_gb10.grpo.backends.megatron_mapping import (
@@ -47,6 +48,7 @@ from slime_gb10.grpo.backends.megatron_mapping import (
     hf_to_megatron,
     megatron_to_hf,
 )
+from slime_gb10.grpo.batching import right_padded
 from slime_gb10.grpo.config import TrainConfig
 from slime_gb10.grpo.interfaces import PolicyBackend, TokenBatch, TrainStepResult
 
@@ -379,8 +381,7 @@ def _hidden_states_only(model):
 
 
 def _check_right_padded(attention_mask: torch.Tensor) -> None:
-    mask = attention_mask.long()
-    if bool((mask[:, 1:] > mask[:, :-1]).any()):
+    if not right_padded(attention_mask):
         raise ValueError(
             "the Megatron backend expects right-padded TokenBatches (a 0 before a 1 in attention_mask)"
         )
@@ -401,7 +402,7 @@ def token_logprobs(
     Zero where ``completion_mask`` is 0; differentiable when grad is enabled. The batch is
     right-padded, so causal attention alone keeps padding out of every real position.
     """
-    from slime_gb10.grpo.logprobs import chunked_logprobs_entropy
+    from slime_gb10.grpo.logprobs import sequence_logprobs_entropy
 
     module = getattr(model, "module", model)
     input_ids = batch.input_ids
@@ -419,27 +420,19 @@ def token_logprobs(
         ]
     with _hidden_states_only(module), te_autocast(recipe):
         hidden = model(input_ids, position_ids, mask)  # [b, s, h]
-    hidden = hidden[:, :seq]
-    select = batch.completion_mask[:, 1:] > 0
     if module.share_embeddings_and_output_weights:
         head = module.shared_embedding_or_output_weight()
     else:
         head = module.output_layer.weight
-    logprobs, entropy = chunked_logprobs_entropy(
-        hidden[:, :-1][select],
+    return sequence_logprobs_entropy(
+        hidden[:, :seq],
         head,
-        batch.input_ids[:, 1:][select],
+        batch.input_ids,
+        batch.completion_mask,
         temperature=temperature,
         chunk_size=chunk_size,
         with_entropy=with_entropy,
     )
-
-    def scatter(values: torch.Tensor) -> torch.Tensor:
-        full = torch.zeros(select.shape, dtype=torch.float32, device=values.device)
-        full = full.masked_scatter(select, values.float())
-        return torch.cat([full.new_zeros((bsz, 1)), full], dim=1)
-
-    return scatter(logprobs), (scatter(entropy) if entropy is not None else None)
 
 
 # ---------------------------------------------------------------- the backend
@@ -475,7 +468,7 @@ class MegatronPolicyBackend(PolicyBackend):
         init_single_gpu_parallel(seed)
         self.tokenizer = tokenizer
         self.hf_config = hf_model.config
-        self.temperature = temperature if temperature > 0 else 1.0
+        self.temperature = logprob_temperature(temperature)
         self.transfer_dtype = transfer_dtype
         self.max_grad_norm = train.max_grad_norm
         self.base_lr, self.warmup_steps, self.steps_done = train.lr, train.warmup_steps, 0
@@ -577,10 +570,10 @@ class MegatronPolicyBackend(PolicyBackend):
         return megatron_to_hf(megatron_state(self.model), self.arch, self.flavor)
 
     def export_weights(self, bucket_bytes: int):
-        from slime_gb10.grpo.weight_sync import make_weight_stream
+        from slime_gb10.grpo.weight_sync import WeightStream
 
         named = hf_named_tensors_fn(lambda: megatron_state(self.model), self.arch, self.flavor)
-        return make_weight_stream(named, bucket_bytes=bucket_bytes, transfer_dtype=self.transfer_dtype)
+        return WeightStream(named, bucket_bytes=bucket_bytes, transfer_dtype=self.transfer_dtype)
 
     def state_dict(self) -> dict:
         return {

@@ -357,7 +357,7 @@ def megatron_to_hf(
 def hf_named_tensors_fn(
     mcore_state_fn: Callable[[], Mapping[str, torch.Tensor]], arch: DecoderArch, flavor: LayerSpecFlavor
 ) -> Callable[[], Iterator[tuple[str, torch.Tensor]]]:
-    """A re-callable HF-named tensor generator, the form ``weight_sync.make_weight_stream`` takes."""
+    """A re-callable HF-named tensor generator, the form ``weight_sync.WeightStream`` takes."""
 
     def named_tensors() -> Iterator[tuple[str, torch.Tensor]]:
         return iter_megatron_to_hf(mcore_state_fn(), arch, flavor)

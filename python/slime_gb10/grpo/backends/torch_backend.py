@@ -1,7 +1,7 @@
 """The portable policy backend: PyTorch + ``transformers``, AdamW, gradient clipping, BF16 autocast.
 
 Logprobs never go through ``model(...).logits``: the decoder runs to its last hidden state and
-:func:`slime_gb10.grpo.logprobs.chunked_logprobs_entropy` multiplies only the completion
+:func:`slime_gb10.grpo.logprobs.sequence_logprobs_entropy` multiplies only the completion
 positions by the LM head, a vocabulary chunk at a time, so the ``[tokens, vocab]`` logits never
 exist in FP32 (SmolLM2's vocabulary is 49,152, Qwen's 151,936).
 
@@ -24,11 +24,13 @@ from slime_gb10.grpo.backends.common import (
     NonFiniteError,
     accumulate_gradients,
     batch_to_device,
+    logprob_temperature,
     warmup_factor,
 )
+from slime_gb10.grpo.batching import right_padded
 from slime_gb10.grpo.config import TrainConfig
 from slime_gb10.grpo.interfaces import PolicyBackend, TokenBatch, TrainStepResult
-from slime_gb10.grpo.logprobs import unsupported_lm_head_features
+from slime_gb10.grpo.logprobs import sequence_logprobs_entropy, unsupported_lm_head_features
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +41,6 @@ def _decoder(model):
     if decoder is None:
         decoder = getattr(model, model.base_model_prefix)
     return decoder
-
-
-def right_padded(attention_mask: torch.Tensor) -> bool:
-    """True when every row is its tokens followed by padding only (:class:`TokenBatch`'s layout)."""
-    return bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all())
 
 
 def compile_decoder_layers(model, backend="inductor") -> int:
@@ -81,8 +78,6 @@ def token_logprobs(
 
     Zero where ``completion_mask`` is 0. Differentiable when called with grad enabled.
     """
-    from slime_gb10.grpo.logprobs import chunked_logprobs_entropy
-
     input_ids, attention_mask = batch.input_ids, batch.attention_mask
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     device_type = input_ids.device.type
@@ -100,24 +95,17 @@ def token_logprobs(
         hidden = _decoder(model)(
             input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False
         ).last_hidden_state
-        select = batch.completion_mask[:, 1:] > 0  # token t is predicted from position t - 1
         head = model.get_output_embeddings()
-        logprobs, entropy = chunked_logprobs_entropy(
-            hidden[:, :-1][select],
+        return sequence_logprobs_entropy(
+            hidden,
             head.weight,
-            input_ids[:, 1:][select],
+            input_ids,
+            batch.completion_mask,
             temperature=temperature,
             chunk_size=chunk_size,
             with_entropy=with_entropy,
             lm_head_bias=getattr(head, "bias", None),
         )
-
-    def scatter(values: torch.Tensor) -> torch.Tensor:
-        full = torch.zeros(select.shape, dtype=torch.float32, device=values.device)
-        full = full.masked_scatter(select, values.float())
-        return torch.cat([full.new_zeros((full.shape[0], 1)), full], dim=1)
-
-    return scatter(logprobs), (scatter(entropy) if entropy is not None else None)
 
 
 class TorchPolicyBackend(PolicyBackend):
@@ -138,7 +126,7 @@ class TorchPolicyBackend(PolicyBackend):
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.tokenizer = tokenizer
-        self.temperature = temperature if temperature > 0 else 1.0
+        self.temperature = logprob_temperature(temperature)
         self.autocast_dtype = autocast_dtype
         self.transfer_dtype = transfer_dtype
         self.max_grad_norm = train.max_grad_norm
@@ -261,15 +249,13 @@ class TorchPolicyBackend(PolicyBackend):
 
     # ---------------------------------------------------------------- weights / checkpoints
     def export_weights(self, bucket_bytes: int):
-        from slime_gb10.grpo.weight_sync import make_weight_stream
+        from slime_gb10.grpo.weight_sync import WeightStream
 
         def named_tensors():
             for name, param in self.model.named_parameters():
                 yield name, param.detach()
 
-        return make_weight_stream(
-            named_tensors, bucket_bytes=bucket_bytes, transfer_dtype=self.transfer_dtype
-        )
+        return WeightStream(named_tensors, bucket_bytes=bucket_bytes, transfer_dtype=self.transfer_dtype)
 
     def state_dict(self) -> dict:
         return {

@@ -11,8 +11,9 @@ For the common decoder-only architectures (Llama, Qwen2, Qwen3, Mistral without 
 there is a second path, :class:`StaticDecoder`: the same modules (norms, projections, MLPs,
 rotary embedding) driven by a small forward of ours over a preallocated KV cache with static
 shapes, so that one decode step can be captured as a CUDA graph and replayed (kernel-launch
-overhead dominates decoding of small models: ~30 layers x ~30 kernels per token). Prefill and
-sampling stay eager. Other architectures use the HF forward with a dynamic cache.
+overhead dominates decoding of small models: ~30 layers x ~30 kernels per token), compiled by
+``torch.compile`` first where that pays; the sampler (:mod:`slime_gb10.grpo.engines.sampling`) is
+compiled beside it. Prefill stays eager. Other architectures use the HF forward with a dynamic cache.
 
 The engine holds its own copy of the weights (BF16 on a GPU), refreshed from the trainer through
 ``update_weights`` (a :mod:`slime_gb10.grpo.weight_sync` stream), exactly like SGLang would be.
@@ -25,81 +26,10 @@ from collections.abc import Sequence
 
 import torch
 
+from slime_gb10.grpo.engines.sampling import row_uniforms, sample_next_token
 from slime_gb10.grpo.interfaces import Generation, RolloutEngine, SamplingParams
 
 log = logging.getLogger(__name__)
-
-
-def filter_logits(logits: torch.Tensor, top_k: int = -1, top_p: float = 1.0) -> torch.Tensor:
-    """Set logits outside the top-k / nucleus (top-p) set to -inf (Holtzman et al. 2020)."""
-    if top_k is not None and 0 < top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, sorted_idx = torch.sort(logits, dim=-1, descending=True)
-        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        # drop a token when the mass BEFORE it already reaches top_p (the first token is always kept)
-        drop_sorted = (cumulative - sorted_logits.softmax(dim=-1)) >= top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, sorted_idx, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
-
-
-_M32 = 0xFFFFFFFF
-
-
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer hash (Mueller's: xor-shift, multiply by 0x45d9f3b, twice) on int64 tensors
-    holding values in [0, 2^32); the constant is < 2^27, so no product overflows int64."""
-    x = x ^ (x >> 16)
-    x = (x * 0x45D9F3B) & _M32
-    x = x ^ (x >> 16)
-    x = (x * 0x45D9F3B) & _M32
-    return x ^ (x >> 16)
-
-
-def row_uniforms(keys: torch.Tensor, step: int) -> torch.Tensor:
-    """One uniform in [0, 1) (53 bits, float64) per row, a pure function of the row's key and the
-    decode step: the same sample whatever else shares the batch (counter-based, like Philox).
-
-    Why not a ``torch.Generator``: its stream is consumed in batch order, so a row's tokens would
-    depend on its neighbours, and N data-parallel ranks could not reproduce a 1-rank run (issue
-    #28). No library offers a keyed per-row draw inside torch's ops, hence these few lines.
-    """
-    low, high = keys & _M32, (keys >> 32) & _M32
-    draws = []
-    for lane in (0, 1):
-        counter = _mix32(torch.full_like(keys, (2 * step + lane) & _M32))
-        draws.append(_mix32(_mix32(low ^ counter) ^ high))
-    return draws[0].double() * 2.0**-32 + (draws[1] >> 11).double() * 2.0**-53
-
-
-def sample_next_token(
-    logits: torch.Tensor, params: SamplingParams, keys: torch.Tensor | None = None, step: int = 0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per row and its logprob under ``softmax(logits / T)`` (before top-k/top-p).
-
-    Sampling inverts each row's CDF (float64) at :func:`row_uniforms` of its key ``keys[row]`` and
-    ``step``: an exact categorical sample, reproducible per row. Greedy (``T == 0``) takes the
-    argmax and reports the logprob under ``softmax(logits)``.
-    """
-    logits = logits.float()
-    if params.greedy:
-        tokens = logits.argmax(dim=-1)
-        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
-        return tokens, logprobs
-    if keys is None:
-        keys = torch.randint(0, 2**62, (logits.shape[0],), device=logits.device)
-    scaled = logits / params.temperature
-    logprobs_all = torch.log_softmax(scaled, dim=-1)
-    probs = torch.softmax(filter_logits(scaled, params.top_k, params.top_p), dim=-1)
-    cdf = probs.double().cumsum(dim=-1)
-    target = row_uniforms(keys, step) * cdf[:, -1]
-    tokens = torch.searchsorted(cdf, target[:, None], right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
-    # u * total can round up to total: never return a token of probability 0
-    impossible = probs.gather(-1, tokens[:, None]).squeeze(-1) <= 0
-    tokens = torch.where(impossible, probs.argmax(dim=-1), tokens)
-    return tokens, logprobs_all.gather(-1, tokens[:, None]).squeeze(-1)
 
 
 STATIC_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
@@ -357,10 +287,29 @@ class TorchRolloutEngine(RolloutEngine):
             from torch._dynamo import config as dynamo_config
 
             dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 64)
+        self._sample = sample_next_token  # compiled with the decode step (see _compiled_sampler)
+        if self.compile_decode:
+            self._sample = self._compiled_sampler()
         self._decoders: dict[tuple[int, int], StaticDecoder] = {}
         self._graphs: dict[tuple[int, int], _GraphedStep] = {}
         self.graph_fallback: str | None = None  # why CUDA-graph decoding was turned off, if it was
         log.info("torch rollout engine: %s decoding on %s", self.decode, self.device)
+
+    def _compiled_sampler(self):
+        """:func:`sample_next_token` through ``torch.compile`` (one fused kernel or a few instead of
+        ~15 launches per token); the plain function if compiling or running it fails (logged)."""
+        compiled = torch.compile(sample_next_token, dynamic=False)
+
+        def sample(logits, params, **kwargs):
+            if self._sample is sample:
+                try:
+                    return compiled(logits, params, **kwargs)
+                except Exception as exc:  # any compiler error: sample with the plain function
+                    log.warning("compiled sampler unusable (%s); sampling with the plain one", exc)
+                    self._sample = sample_next_token
+            return sample_next_token(logits, params, **kwargs)
+
+        return sample
 
     # ---------------------------------------------------------------- generation
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
@@ -446,8 +395,12 @@ class TorchRolloutEngine(RolloutEngine):
         tokens: list[torch.Tensor] = []
         logprobs: list[torch.Tensor] = []
         stop_hit = [False] * batch
+        # every step's draws in one go ([steps, B]; the same numbers as step by step): the ~60 small
+        # integer ops of the hash run once per generation instead of once per token
+        steps = torch.arange(params.max_new_tokens, device=keys.device)
+        uniforms = row_uniforms(keys[None, :], steps[:, None])
         for step in range(params.max_new_tokens):
-            token, logprob = sample_next_token(logits, params, keys, step)
+            token, logprob = self._sample(logits, params, uniforms=uniforms[step])
             token = torch.where(finished, torch.full_like(token, self.pad_token_id), token)
             tokens.append(token)
             logprobs.append(logprob)

@@ -43,6 +43,51 @@ __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
+// The split-K kernels' reduction, where CLUSTER (the plan's #define, above the includes) blocks of a
+// cluster each hold a partial sum in shared memory (CLUSTER 1: one block holds all of it).
+// The barrier before partials are read: the cluster's, else the block's.
+__device__ __forceinline__ void partials_sync() {
+#if CLUSTER > 1
+    cluster_sync();
+#else
+    __syncthreads();
+#endif
+}
+
+// Block `src`'s copy of the partial at *p (DSMEM), or this block's own without a cluster (src is 0).
+__device__ __forceinline__ float ld_partial(const float* p, u32 src) {
+#if CLUSTER > 1
+    return ld_cluster(p, src);
+#else
+    return *p;
+#endif
+}
+
+// acc[A][B][4] = 0: the m16n8 MMA accumulators of the W4A16 kernels.
+template <int A, int B>
+__device__ __forceinline__ void zero_accumulators(float (&acc)[A][B][4]) {
+#pragma unroll
+    for (int a = 0; a < A; ++a)
+#pragma unroll
+        for (int b = 0; b < B; ++b)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[a][b][c] = 0.f;
+}
+
+// acc[A][B][4] into red[row][token] (row stride `stride` floats): lane (g, i)'s m16n8 fragment c of
+// acc[a][b] is row `row0 + 16 a + g + 8 (c >> 1)`, token `tok0 + 8 b + 2 i + (c & 1)`.
+template <int A, int B>
+__device__ __forceinline__ void store_accumulators(float* red, int stride, int row0, int tok0, int g, int i,
+                                                   const float (&acc)[A][B][4]) {
+#pragma unroll
+    for (int a = 0; a < A; ++a)
+#pragma unroll
+        for (int b = 0; b < B; ++b)
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+                red[(row0 + 16 * a + g + 8 * (c >> 1)) * stride + tok0 + 8 * b + 2 * i + (c & 1)] = acc[a][b][c];
+}
+
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_addr(dst)), "l"(src) : "memory");
 }

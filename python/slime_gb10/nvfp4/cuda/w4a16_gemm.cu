@@ -119,12 +119,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) CLUSTER_ATTR w4a16_g
     const int row0 = wr * 16 * MT;
 
     float acc[MT][NT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < NT; ++h)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) acc[mt][h][c] = 0.f;
+    zero_accumulators(acc);
 
 #pragma unroll
     for (int r = 0; r < STAGES - 1; ++r) {
@@ -175,19 +170,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) CLUSTER_ATTR w4a16_g
     // [row][token] in the block's own shared memory; with a cluster, the summing block pulls them
     // (DSMEM loads) and a second barrier keeps every block's shared memory alive until then
     __syncthreads();
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < NT; ++h)
-#pragma unroll
-            for (int c = 0; c < 4; ++c)
-                red[(row0 + 16 * mt + g + 8 * (c >> 1)) * RED_STRIDE + wt * 8 * NT + 8 * h + 2 * i + (c & 1)] =
-                    acc[mt][h][c];
-#if CLUSTER > 1
-    cluster_sync();
-#else
-    __syncthreads();
-#endif
+    store_accumulators(red, RED_STRIDE, row0, wt * 8 * NT, g, i, acc);
+    partials_sync();
 #endif
     for (int e = tid; e < share * mloc; e += THREADS) {
         const int row = e % share, t = e / share;
@@ -200,11 +184,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) CLUSTER_ATTR w4a16_g
         const float* p = red + (r0 + row) * RED_STRIDE + t;
 #pragma unroll
         for (int src = 0; src < CLUSTER; ++src) {
-#if CLUSTER > 1
-            v += ld_cluster(p, src);
-#else
-            v += *p;
-#endif
+            v += ld_partial(p, src);
         }
 #endif
         v *= out_scale;

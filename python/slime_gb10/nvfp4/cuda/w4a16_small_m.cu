@@ -187,12 +187,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) CLUSTER_ATTR w4a16_s
 #endif
 
     float acc[MT][NT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < NT; ++h)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) acc[mt][h][c] = 0.f;
+    zero_accumulators(acc);
 #if WINDOWED
     // 2+3. the K loop, restaging the activations of each K-warp's next `window` segments every
     //      `window` segments (the block's loop count is uniform: nmax; warps past their segments idle)
@@ -285,18 +280,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) CLUSTER_ATTR w4a16_s
     // reads its rows' partials from all blocks (DSMEM loads), and a second cluster barrier keeps every
     // block's shared memory alive until the others are done reading it.
     __syncthreads();  // every warp is done with the activations
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < NT; ++h)
-#pragma unroll
-            for (int c = 0; c < 4; ++c)
-                red[(warp * ROWS + 16 * mt + g + 8 * (c >> 1)) * RED_STRIDE + 8 * h + 2 * i + (c & 1)] = acc[mt][h][c];
-#if CLUSTER > 1
-    cluster_sync();  // every block's partials are written and visible to the cluster
-#else
-    __syncthreads();
-#endif
+    store_accumulators(red, RED_STRIDE, warp * ROWS, 0, g, i, acc);
+    partials_sync();  // every block's partials are written and visible (to the cluster)
     for (int e = tid; e < (r1 - r0) * M; e += THREADS) {
         const int row = e % (r1 - r0), tok = e / (r1 - r0);
         const float* p = red + (((r0 + row) / ROWS) * KW * ROWS + (r0 + row) % ROWS) * RED_STRIDE + tok;
@@ -305,11 +290,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MINB) CLUSTER_ATTR w4a16_s
         for (int src = 0; src < CLUSTER; ++src)
 #pragma unroll
             for (int k = 0; k < KW; ++k) {
-#if CLUSTER > 1
-                v += ld_cluster(p + k * ROWS * RED_STRIDE, src);
-#else
-                v += p[k * ROWS * RED_STRIDE];
-#endif
+                v += ld_partial(p + k * ROWS * RED_STRIDE, src);
             }
 #endif
         v *= out_scale;

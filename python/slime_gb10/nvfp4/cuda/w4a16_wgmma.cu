@@ -215,11 +215,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) CLUSTER_ATTR w4a16_wgmm
     for (int r = 0; r < BM / 2; ++r)
         if (warp < CONSUMERS / 32)
             red[(8 * (r >> 2) + 2 * i + (r & 1)) * RED_STRIDE + row + 8 * ((r >> 1) & 1)] = acc[r];
-#if CLUSTER > 1
-    cluster_sync();
-#else
-    __syncthreads();
-#endif
+    partials_sync();
 #endif
     // two rows per thread
     for (int e = tid; e < (t1 - t0) * (BN / 2); e += THREADS) {
@@ -236,13 +232,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) CLUSTER_ATTR w4a16_wgmm
         const float* p = red + (t0 + t) * RED_STRIDE + r2;
 #pragma unroll
         for (int src = 0; src < CLUSTER; ++src) {
-#if CLUSTER > 1
-            v0 += ld_cluster(p, src);
-            v1 += ld_cluster(p + 1, src);
-#else
-            v0 += p[0];
-            v1 += p[1];
-#endif
+            v0 += ld_partial(p, src);
+            v1 += ld_partial(p + 1, src);
         }
 #endif
         v0 *= out_scale;
