@@ -12,8 +12,8 @@ there is a second path, :class:`StaticDecoder`: the same modules (norms, project
 rotary embedding) driven by a small forward of ours over a preallocated KV cache with static
 shapes, so that one decode step can be captured as a CUDA graph and replayed (kernel-launch
 overhead dominates decoding of small models: ~30 layers x ~30 kernels per token), compiled by
-``torch.compile`` first where that pays; the sampler (:mod:`slime_gb10.grpo.engines.sampling`) is
-compiled beside it. Prefill stays eager. Other architectures use the HF forward with a dynamic cache.
+``torch.compile`` first where that pays. Prefill and sampling (:mod:`slime_gb10.grpo.engines.sampling`)
+stay eager. Other architectures use the HF forward with a dynamic cache.
 
 The engine holds its own copy of the weights (BF16 on a GPU), refreshed from the trainer through
 ``update_weights`` (a :mod:`slime_gb10.grpo.weight_sync` stream), exactly like SGLang would be.
@@ -158,19 +158,21 @@ class StaticDecoder:
             k = k * cos + _rotate_half(k) * sin
             self.keys[i].index_copy_(2, cache_position, k)
             self.values[i].index_copy_(2, cache_position, v)
-            out = torch.nn.functional.scaled_dot_product_attention(
-                q,
-                self.keys[i],
-                self.values[i],
-                attn_mask=attention_mask,
-                scale=getattr(attn, "scaling", None),
-                enable_gqa=self.num_kv_heads != self.num_heads,
-            )
+            out = self.attend(q, self.keys[i], self.values[i], attention_mask, getattr(attn, "scaling", None))
             out = out.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim)
             hidden = residual + attn.o_proj(out)
             hidden = hidden + self._mlp(layer.mlp, layer.post_attention_layernorm(hidden))
         last = self.norm(hidden[:, -1, :])
         return self.lm_head(last)
+
+    @staticmethod
+    def attend(q, keys, values, mask, scale) -> torch.Tensor:
+        """``q`` ``[B, H, T, D]`` over the whole static cache ``[B, H_kv, L, D]`` where ``mask``
+        ``[B, 1, T, L]`` allows (GQA without repeating the cache)."""
+        gqa = keys.shape[1] != q.shape[1]
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, scale=scale, enable_gqa=gqa
+        )
 
     @staticmethod
     def _mlp(mlp, x: torch.Tensor) -> torch.Tensor:
@@ -287,29 +289,10 @@ class TorchRolloutEngine(RolloutEngine):
             from torch._dynamo import config as dynamo_config
 
             dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 64)
-        self._sample = sample_next_token  # compiled with the decode step (see _compiled_sampler)
-        if self.compile_decode:
-            self._sample = self._compiled_sampler()
         self._decoders: dict[tuple[int, int], StaticDecoder] = {}
         self._graphs: dict[tuple[int, int], _GraphedStep] = {}
         self.graph_fallback: str | None = None  # why CUDA-graph decoding was turned off, if it was
         log.info("torch rollout engine: %s decoding on %s", self.decode, self.device)
-
-    def _compiled_sampler(self):
-        """:func:`sample_next_token` through ``torch.compile`` (one fused kernel or a few instead of
-        ~15 launches per token); the plain function if compiling or running it fails (logged)."""
-        compiled = torch.compile(sample_next_token, dynamic=False)
-
-        def sample(logits, params, **kwargs):
-            if self._sample is sample:
-                try:
-                    return compiled(logits, params, **kwargs)
-                except Exception as exc:  # any compiler error: sample with the plain function
-                    log.warning("compiled sampler unusable (%s); sampling with the plain one", exc)
-                    self._sample = sample_next_token
-            return sample_next_token(logits, params, **kwargs)
-
-        return sample
 
     # ---------------------------------------------------------------- generation
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
@@ -400,7 +383,7 @@ class TorchRolloutEngine(RolloutEngine):
         steps = torch.arange(params.max_new_tokens, device=keys.device)
         uniforms = row_uniforms(keys[None, :], steps[:, None])
         for step in range(params.max_new_tokens):
-            token, logprob = self._sample(logits, params, uniforms=uniforms[step])
+            token, logprob = sample_next_token(logits, params, uniforms=uniforms[step])
             token = torch.where(finished, torch.full_like(token, self.pad_token_id), token)
             tokens.append(token)
             logprobs.append(logprob)
