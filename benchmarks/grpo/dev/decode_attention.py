@@ -3,7 +3,7 @@ picks for a boolean mask) against a forced backend and a grouped-query formulati
 matmuls (GQA rows per KV head, no repeated cache), each inside the compiled, CUDA-graphed decode step
 of a ``bench grpo`` shape's random-init model (written by ``slime-gb10 bench grpo --work-dir``).
 
-    python benchmarks/grpo/decode_attention.py WORK_DIR/model-B --prompts 160 --new-tokens 512
+    python benchmarks/grpo/dev/decode_attention.py WORK_DIR/model-B --prompts 160 --new-tokens 512
 """
 
 from __future__ import annotations
