@@ -204,7 +204,11 @@ class OutputConfig(_Section):
         "end; 0: none but the one Ctrl-C writes.",
     )
     keep_checkpoints: int = Field(default=2, ge=1)
-    samples_per_step: int = Field(default=4, ge=0)  # completions written to samples.jsonl per step
+    samples_per_step: int = Field(
+        default=4,
+        ge=0,
+        description="Completions written to samples.jsonl per step (one per group; under torchrun from rank 0's share).",
+    )
     report_to: Literal["none", "tensorboard", "wandb"] = Field(
         default="none", description="Also log the metrics to TensorBoard or Weights & Biases."
     )
