@@ -25,25 +25,40 @@ def gpu_busy_s(prof) -> float:
     return sum(e.device_time_total for e in prof.events() if e.device_type == DeviceType.CUDA) / 1e6
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def rollout_setup(description: str):
+    """The command line of the rollout scripts (a model directory, prompts x prompt tokens, new
+    tokens): ``(args, tokenizer, prompts, params)``, the prompts random token ids (seed 0)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("model")
     parser.add_argument("--prompts", type=int, default=160)
     parser.add_argument("--prompt-tokens", type=int, default=48)
     parser.add_argument("--new-tokens", type=int, default=512)
     args = parser.parse_args()
-    tokenizer = load_tokenizer(args.model)
-    model = load_causal_lm(args.model, dtype=torch.bfloat16).cuda()
-    engine = TorchRolloutEngine(model, tokenizer, "cuda", eos_token_ids=eos_token_ids(tokenizer, model))
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(100, 40000, (args.prompts, args.prompt_tokens), generator=g).tolist()
     params = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, seed=0)
-    engine.generate(prompts, params)  # capture + warm-up
-    torch.cuda.synchronize()
-    start = time.perf_counter()
+    return args, load_tokenizer(args.model), prompts, params
+
+
+def new_engine(model_dir: str, tokenizer) -> TorchRolloutEngine:
+    model = load_causal_lm(model_dir, dtype=torch.bfloat16).cuda()
+    return TorchRolloutEngine(model, tokenizer, "cuda", eos_token_ids=eos_token_ids(tokenizer, model))
+
+
+def timed_generate(engine: TorchRolloutEngine, prompts, params) -> tuple[list, float]:
+    """The generations and wall seconds of a rollout after a first one (compile, capture, warm-up)."""
     engine.generate(prompts, params)
     torch.cuda.synchronize()
-    wall = time.perf_counter() - start
+    start = time.perf_counter()
+    gens = engine.generate(prompts, params)
+    torch.cuda.synchronize()
+    return gens, time.perf_counter() - start
+
+
+def main() -> None:
+    args, tokenizer, prompts, params = rollout_setup(__doc__.splitlines()[0])
+    engine = new_engine(args.model, tokenizer)
+    _, wall = timed_generate(engine, prompts, params)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         engine.generate(prompts, params)
         torch.cuda.synchronize()

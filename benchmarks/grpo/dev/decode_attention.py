@@ -8,15 +8,16 @@ of a ``bench grpo`` shape's random-init model (written by ``slime-gb10 bench grp
 
 from __future__ import annotations
 
-import argparse
-import time
+import sys
+from pathlib import Path
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from slime_gb10.grpo.engines.torch_engine import StaticDecoder, TorchRolloutEngine
-from slime_gb10.grpo.interfaces import SamplingParams
-from slime_gb10.grpo.models import eos_token_ids, load_causal_lm, load_tokenizer
+from slime_gb10.grpo.engines.torch_engine import StaticDecoder
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/grpo: the rollout scripts' helpers
+from profile_rollout import new_engine, rollout_setup, timed_generate
 
 SDPA = StaticDecoder.attend
 
@@ -54,29 +55,14 @@ VARIANTS = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("model")
-    parser.add_argument("--prompts", type=int, default=160)
-    parser.add_argument("--prompt-tokens", type=int, default=48)
-    parser.add_argument("--new-tokens", type=int, default=512)
-    args = parser.parse_args()
-    tokenizer = load_tokenizer(args.model)
-    g = torch.Generator().manual_seed(0)
-    prompts = torch.randint(100, 40000, (args.prompts, args.prompt_tokens), generator=g).tolist()
-    params = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, seed=0)
+    args, tokenizer, prompts, params = rollout_setup(__doc__.splitlines()[0])
     rows, reference = [], None
     for name, attend in VARIANTS.items():
         torch._dynamo.reset()
         StaticDecoder.attend = staticmethod(attend)
-        model = load_causal_lm(args.model, dtype=torch.bfloat16).cuda()
-        engine = TorchRolloutEngine(model, tokenizer, "cuda", eos_token_ids=eos_token_ids(tokenizer, model))
+        engine = new_engine(args.model, tokenizer)
         try:
-            engine.generate(prompts, params)  # compile, capture, warm-up
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            gens = engine.generate(prompts, params)
-            torch.cuda.synchronize()
-            wall = time.perf_counter() - start
+            gens, wall = timed_generate(engine, prompts, params)
         except Exception as exc:  # a variant that cannot run here is reported, not fatal
             rows.append((name, None, f"failed: {type(exc).__name__}: {str(exc)[:80]}", ""))
             continue
@@ -88,7 +74,7 @@ def main() -> None:
             f"graphs {'on' if engine.decode == 'cuda_graph' else 'OFF'}, compiled {engine.compile_decode}"
         )
         rows.append((name, wall, status, f"{drift:.4f}"))
-        del engine, model
+        del engine
         torch.cuda.empty_cache()
     StaticDecoder.attend = staticmethod(SDPA)
     print(
