@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from slime_gb10.grpo.engines import sampling_kernel
 from slime_gb10.grpo.interfaces import SamplingParams
 
 
@@ -99,11 +100,12 @@ def sample_next_token(
 
     Sampling inverts each row's CDF (:func:`inverse_cdf`, float64) at :func:`row_uniforms` of its
     key ``keys[row]`` and ``step`` (or at ``uniforms`` ``[B]``, those draws computed ahead): an exact
-    categorical sample, reproducible per row. Greedy (``T == 0``) takes the argmax and reports the
+    categorical sample, reproducible per row. On a GPU without top-k/top-p, one Triton kernel does
+    the same (:mod:`~slime_gb10.grpo.engines.sampling_kernel`). Greedy (``T == 0``) takes the argmax and reports the
     logprob under ``softmax(logits)``.
     """
-    logits = logits.float()
     if params.greedy:
+        logits = logits.float()
         tokens = logits.argmax(dim=-1)
         logprobs = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
         return tokens, logprobs
@@ -111,6 +113,9 @@ def sample_next_token(
         if keys is None:
             keys = torch.randint(0, 2**62, (logits.shape[0],), device=logits.device)
         uniforms = row_uniforms(keys, step)
+    if sampling_kernel.applies(logits, params):  # the same draw in one kernel (sampling_kernel.py)
+        return sampling_kernel.sample_rows(logits.contiguous(), uniforms, params.temperature)
+    logits = logits.float()
     scaled = logits / params.temperature
     lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
     filtered = filter_logits(scaled, params.top_k, params.top_p)
