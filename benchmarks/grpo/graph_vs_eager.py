@@ -20,6 +20,7 @@ from slime_gb10.grpo.engines.torch_engine import (
     StaticDecoder,
     TorchRolloutEngine,
     _GraphedStep,
+    attention_length,
     graph_replay_error,
 )
 from slime_gb10.grpo.interfaces import SamplingParams
@@ -49,11 +50,12 @@ def one_step(model, prompts, pad_id, graph: bool):
         step.cache_position.fill_(width)
         step.mask[:, 0, 0, :width] = valid
         step.mask[:, 0, 0, width] = True
-        eager = step._run().float().clone()
+        length = attention_length(width, cache_len)
+        eager = step.run(length).float().clone()
         replay = None
         if graph:
-            step.capture()
-            replay = step.replay().float().clone()
+            step.capture(length)
+            replay = step.replay(length).float().clone()
     return eager, replay
 
 

@@ -77,7 +77,9 @@ def test_the_triton_sampler_is_the_torch_sampler_under_the_interpreter():
         """
     )
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     _check(json.loads(proc.stdout.strip().splitlines()[-1]))
 

@@ -11,10 +11,15 @@ import math
 import pytest
 import torch
 
+from slime_gb10.grpo.engines import torch_engine
 from slime_gb10.grpo.engines.sampling import filter_logits, inverse_cdf, row_uniforms, sample_next_token
 from slime_gb10.grpo.engines.torch_engine import (
     GRAPH_REPLAY_TOLERANCE,
+    StaticDecoder,
     TorchRolloutEngine,
+    _GraphedStep,
+    attention_length,
+    compile_decode_step,
     graph_replay_error,
 )
 from slime_gb10.grpo.interfaces import SamplingParams
@@ -96,6 +101,62 @@ def test_static_and_dynamic_decoding_agree(tiny_dir, tokenizer):
         torch.testing.assert_close(
             torch.tensor(x.completion_logprobs), torch.tensor(y.completion_logprobs), atol=1e-4, rtol=0
         )
+
+
+def test_attention_length_rounds_the_written_slots_up_to_a_bucket():
+    bucket = torch_engine.ATTENTION_BUCKET
+    assert attention_length(0, 4 * bucket) == bucket  # slot 0 written: one slot, one bucket
+    assert attention_length(bucket - 1, 4 * bucket) == bucket
+    assert attention_length(bucket, 4 * bucket) == 2 * bucket
+    assert attention_length(4 * bucket - 1, 4 * bucket) == 4 * bucket  # never past the cache
+    assert attention_length(4 * bucket - 1, 4 * bucket - 5) == 4 * bucket - 5
+
+
+def test_bucketed_attention_across_many_buckets_matches_the_hf_forward(tiny_dir, tokenizer, monkeypatch):
+    """Buckets of 4 slots: a 20-token completion crosses ~6 of them; greedy tokens and logprobs
+    must be those of the HF forward with its dynamic cache (full attention)."""
+    monkeypatch.setattr(torch_engine, "ATTENTION_BUCKET", 4)
+    model = load_causal_lm(str(tiny_dir))
+    eos = eos_token_ids(tokenizer, model)
+    static = TorchRolloutEngine(model, tokenizer, "cpu", eos_token_ids=[-1], decode="static")
+    dynamic = TorchRolloutEngine(model, tokenizer, "cpu", eos_token_ids=[-1], decode="dynamic")
+    assert eos  # the engines run without one, so every row decodes all 20 tokens
+    params = SamplingParams(max_new_tokens=20, temperature=0.0)
+    a, b = static.generate(_prompts(tokenizer), params), dynamic.generate(_prompts(tokenizer), params)
+    assert [len(g.completion_ids) for g in a] == [20, 20, 20]
+    assert [g.completion_ids for g in a] == [g.completion_ids for g in b]
+    for x, y in zip(a, b):
+        torch.testing.assert_close(
+            torch.tensor(x.completion_logprobs), torch.tensor(y.completion_logprobs), atol=1e-4, rtol=0
+        )
+
+
+def test_one_compiled_decode_step_serves_every_attention_bucket(tiny_dir):
+    """The attention span is a dynamic dimension of the compiled step: three buckets, one graph
+    traced (a counting backend stands in for inductor, which this test does not need), and each
+    bucket computes what the plain forward computes over the same slots."""
+    model = load_causal_lm(str(tiny_dir))
+    traced = []
+
+    def counting_backend(graph_module, example_inputs):
+        traced.append(graph_module)
+        return graph_module.forward
+
+    decoder = StaticDecoder(model, batch=2, cache_len=12)
+    compile_decode_step(decoder, backend=counting_backend)
+    step = _GraphedStep(decoder)
+    step.input_ids.fill_(5)
+    step.position_ids.fill_(3)
+    step.cache_position.fill_(3)
+    step.mask[:, 0, 0, :4] = True
+    with torch.inference_mode():
+        for length in (4, 8, 12):
+            got = step.run(length)
+            want = decoder.forward(
+                step.input_ids, step.position_ids, step.cache_position, step.mask[..., :length]
+            )
+            torch.testing.assert_close(got, want)
+    assert len(traced) == 1
 
 
 def test_seeded_sampling_is_reproducible(engine, tokenizer):

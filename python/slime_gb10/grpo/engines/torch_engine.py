@@ -22,7 +22,7 @@ The engine holds its own copy of the weights (BF16 on a GPU), refreshed from the
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -132,9 +132,14 @@ class StaticDecoder:
         input_ids: torch.Tensor,  # [B, T]
         position_ids: torch.Tensor,  # [B, T] (rotary positions)
         cache_position: torch.Tensor,  # [T] slots of the static cache to write
-        attention_mask: torch.Tensor,  # [B, 1, T, L] bool, True = attend
+        attention_mask: torch.Tensor,  # [B, 1, T, S] bool, True = attend; S <= L
     ) -> torch.Tensor:
-        """Logits ``[B, V]`` of the LAST position; writes the K/V of all ``T`` positions into the cache."""
+        """Logits ``[B, V]`` of the LAST position; writes the K/V of all ``T`` positions into the cache.
+
+        Attention reads the first ``S`` slots of the cache, ``S`` the mask's last dimension: the
+        decode loop passes the slots written so far rounded up to a bucket (:func:`attention_length`),
+        so a step reads the KV it needs and not the whole buffer."""
+        span = attention_mask.shape[-1]
         hidden = self.embed(input_ids)
         cos, sin = self.rotary(hidden, position_ids)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B, 1, T, D]
@@ -158,7 +163,8 @@ class StaticDecoder:
             k = k * cos + _rotate_half(k) * sin
             self.keys[i].index_copy_(2, cache_position, k)
             self.values[i].index_copy_(2, cache_position, v)
-            out = self.attend(q, self.keys[i], self.values[i], attention_mask, getattr(attn, "scaling", None))
+            keys, values = self.keys[i][:, :, :span], self.values[i][:, :, :span]
+            out = self.attend(q, keys, values, attention_mask, getattr(attn, "scaling", None))
             out = out.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim)
             hidden = residual + attn.o_proj(out)
             hidden = hidden + self._mlp(layer.mlp, layer.post_attention_layernorm(hidden))
@@ -167,8 +173,8 @@ class StaticDecoder:
 
     @staticmethod
     def attend(q, keys, values, mask, scale) -> torch.Tensor:
-        """``q`` ``[B, H, T, D]`` over the whole static cache ``[B, H_kv, L, D]`` where ``mask``
-        ``[B, 1, T, L]`` allows (GQA without repeating the cache)."""
+        """``q`` ``[B, H, T, D]`` over the cache slots ``[B, H_kv, S, D]`` where ``mask`` ``[B, 1, T, S]``
+        allows (GQA without repeating the cache)."""
         gqa = keys.shape[1] != q.shape[1]
         return torch.nn.functional.scaled_dot_product_attention(
             q, keys, values, attn_mask=mask, scale=scale, enable_gqa=gqa
@@ -204,8 +210,30 @@ def graph_replay_error(replayed: torch.Tensor, eager: torch.Tensor) -> float:
     )
 
 
+#: Decode attention reads the cache in buckets of this many slots (a CUDA graph per bucket).
+ATTENTION_BUCKET = 64
+
+
+def attention_length(slot: int, cache_len: int) -> int:
+    """Cache slots a decode step writing ``slot`` attends over: ``slot + 1`` rounded up to a bucket.
+
+    Attending over the whole static buffer read ~2x the KV the sequences had (shape B on an H100:
+    SDPA was 31% of a decode step; issue #27). Buckets bound the distinct shapes -- one compiled
+    step with the length as a dynamic dimension, one captured graph per bucket -- while a step
+    reads at most ``ATTENTION_BUCKET - 1`` slots it does not need."""
+    return min(cache_len, -(-(slot + 1) // ATTENTION_BUCKET) * ATTENTION_BUCKET)
+
+
+def compile_decode_step(decoder: StaticDecoder, backend: str | Callable = "inductor") -> None:
+    """``decoder.step`` = its forward through ``torch.compile``: static shapes but the attention span,
+    which :meth:`_GraphedStep.run` marks dynamic, so every bucket of a (batch, cache) runs one
+    compiled graph (compiling one per bucket took ~20 s each for shape B)."""
+    decoder.step = torch.compile(decoder.forward, backend=backend, fullgraph=True, dynamic=False)
+
+
 class _GraphedStep:
-    """One decode step of a :class:`StaticDecoder` captured as a CUDA graph, with its static inputs."""
+    """The decode steps of a :class:`StaticDecoder` captured as CUDA graphs, one per attention
+    length, sharing their static inputs and one memory pool (they never run concurrently)."""
 
     def __init__(self, decoder: StaticDecoder):
         self.decoder = decoder
@@ -214,29 +242,37 @@ class _GraphedStep:
         self.input_ids = torch.zeros((batch, 1), dtype=torch.long, device=device)
         self.position_ids = torch.zeros((batch, 1), dtype=torch.long, device=device)
         self.cache_position = torch.zeros((1,), dtype=torch.long, device=device)
-        self.mask = torch.zeros((batch, 1, 1, decoder.cache_len), dtype=torch.bool, device=device)
-        self.graph = None
-        self.logits = None
+        # one column more than the cache: no bucket's slice is the whole (contiguous) row, which
+        # would give the compiled step other strides to guard on and a second compile
+        self.mask = torch.zeros((batch, 1, 1, decoder.cache_len + 1), dtype=torch.bool, device=device)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pool = None
 
-    def _run(self) -> torch.Tensor:
-        return self.decoder.step(self.input_ids, self.position_ids, self.cache_position, self.mask)
+    def run(self, length: int) -> torch.Tensor:
+        """The step eagerly (or through ``decoder.step``'s compiled code) over ``length`` slots."""
+        mask = self.mask[..., :length]
+        torch._dynamo.maybe_mark_dynamic(mask, 3)  # compiled: one graph for every bucket
+        return self.decoder.step(self.input_ids, self.position_ids, self.cache_position, mask)
 
-    def capture(self) -> None:
+    def capture(self, length: int) -> None:
         """Warm up on a side stream, then capture (inputs must already hold a valid step)."""
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._run()
+                self.run(length)
         torch.cuda.current_stream().wait_stream(stream)
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self.logits = self._run()
-        self.graph = graph
+        with torch.cuda.graph(graph, pool=self.pool):
+            logits = self.run(length)
+        self.graphs[length] = (graph, logits)
 
-    def replay(self) -> torch.Tensor:
-        self.graph.replay()
-        return self.logits
+    def replay(self, length: int) -> torch.Tensor:
+        graph, logits = self.graphs[length]
+        graph.replay()
+        return logits
 
 
 class TorchRolloutEngine(RolloutEngine):
@@ -439,15 +475,13 @@ class TorchRolloutEngine(RolloutEngine):
         if decoder is None:
             decoder = self._decoders[key] = StaticDecoder(self.model, batch, cache_len)
             if self.compile_decode:
-                decoder.step = torch.compile(decoder.forward, fullgraph=True, dynamic=False)
+                compile_decode_step(decoder)
         input_ids, valid = self._left_pad(prompts, width)
         position_ids = (valid.long().cumsum(-1) - 1).clamp(min=0)
-        # prefill mask [B, 1, W, L]: causal, valid keys only; a padding query sees itself (no empty rows -> no NaN)
+        # prefill mask [B, 1, W, W]: causal, valid keys only; a padding query sees itself (no empty rows -> no NaN)
         causal = torch.tril(torch.ones((width, width), dtype=torch.bool, device=device))
-        prefill_mask = torch.zeros((batch, 1, width, cache_len), dtype=torch.bool, device=device)
-        prefill_mask[:, 0, :, :width] = (causal[None] & valid[:, None, :]) | torch.eye(
-            width, dtype=torch.bool, device=device
-        )[None]
+        eye = torch.eye(width, dtype=torch.bool, device=device)
+        prefill_mask = ((causal[None] & valid[:, None, :]) | eye[None])[:, None]
         logits = decoder.forward(input_ids, position_ids, torch.arange(width, device=device), prefill_mask)
 
         step_inputs = self._graphs.get(key) if self.decode == "cuda_graph" else None
@@ -464,17 +498,17 @@ class TorchRolloutEngine(RolloutEngine):
             step_inputs.mask[:, 0, 0, slot] = True
             if step > 0:
                 step_inputs.position_ids.add_(1)
-            return self._decode_step(key, step_inputs)
+            return self._decode_step(key, step_inputs, attention_length(slot, cache_len))
 
         tokens, logprobs, stop_hit = self._decode_loop(logits, advance, params, keys)
         return self._finish(prompts, tokens, logprobs, stop_hit, params)
 
-    def _decode_step(self, key, step_inputs: _GraphedStep) -> torch.Tensor:
+    def _decode_step(self, key, step_inputs: _GraphedStep, length: int) -> torch.Tensor:
         if self.decode != "cuda_graph":
-            return step_inputs._run()
-        if step_inputs.graph is None:
+            return step_inputs.run(length)
+        if length not in step_inputs.graphs:
             try:
-                self._capture_checked(key, step_inputs)
+                self._capture_checked(key, step_inputs, length)
             except Exception as exc:
                 decoder = step_inputs.decoder
                 if decoder.step != decoder.forward:  # compiling failed: capture the plain step instead
@@ -482,28 +516,28 @@ class TorchRolloutEngine(RolloutEngine):
                     self.compile_decode = False
                     for other in self._decoders.values():
                         other.step = other.forward
-                    step_inputs.graph = step_inputs.logits = None
-                    return self._decode_step(key, step_inputs)
+                    step_inputs.graphs.clear()
+                    return self._decode_step(key, step_inputs, length)
                 # any capture problem: stay correct, lose only speed
                 log.warning("CUDA-graph decode disabled (%s); decoding eagerly with the static cache", exc)
                 self.decode = "static"
                 self.graph_fallback = str(exc)
                 self._graphs.clear()
-                return step_inputs._run()
+                return step_inputs.run(length)
             self._graphs[key] = step_inputs
-        return step_inputs.replay()
+        return step_inputs.replay(length)
 
     @staticmethod
-    def _capture_checked(key, step_inputs: _GraphedStep) -> None:
+    def _capture_checked(key, step_inputs: _GraphedStep, length: int) -> None:
         """Capture; the first replay must compute what the eager step computes (same inputs,
         idempotent cache writes), up to the rounding of the weight dtype (graph_replay_error)."""
-        step_inputs.capture()
-        eager = step_inputs._run()
-        error = graph_replay_error(step_inputs.replay(), eager)
+        step_inputs.capture(length)
+        eager = step_inputs.run(length)
+        error = graph_replay_error(step_inputs.replay(length), eager)
         limit = GRAPH_REPLAY_TOLERANCE.get(eager.dtype, GRAPH_REPLAY_TOLERANCE[torch.bfloat16])
         if not error <= limit:
             raise RuntimeError(f"graph replay differs from eager: relative error {error:.3g} > {limit:g}")
-        log.debug("CUDA graph for batch %d, cache %d: replay error %.2g", *key, error)
+        log.debug("CUDA graph for batch %d, cache %d, attention %d: replay error %.2g", *key, length, error)
 
     def stats(self) -> dict[str, float]:
         """``cuda_graph``: 1 while decode steps replay CUDA graphs, 0 after a fallback (or off a GPU)."""

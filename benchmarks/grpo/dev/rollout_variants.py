@@ -1,0 +1,86 @@
+"""Rollout speed with and without each of the engine's decode-step choices, in one process.
+
+Variants, each a fresh engine (compile, capture and one warm-up rollout before the timed one):
+the torch sampler or the Triton kernel (``engines/sampling_kernel.py``), attention over the whole
+static cache or over buckets of the written slots (``torch_engine.ATTENTION_BUCKET``), and
+inductor's GEMM autotuning for the compiled step. Prints wall seconds and the mean |logprob|
+difference of the first 32 tokens against the first variant.
+
+    python benchmarks/grpo/dev/rollout_variants.py WORK_DIR/model-B --prompts 160 --new-tokens 512
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/grpo: profile_rollout
+from profile_rollout import new_engine, rollout_setup, timed_generate
+
+from slime_gb10.grpo.engines import sampling_kernel, torch_engine
+
+WHOLE_CACHE = 1 << 30  # a bucket longer than any cache: attention over the whole buffer
+
+
+@contextlib.contextmanager
+def variant(bucket: int, kernel: bool, autotune: bool = False):
+    import torch._inductor.config as inductor_config
+
+    saved = torch_engine.ATTENTION_BUCKET, sampling_kernel.applies, inductor_config.max_autotune_gemm
+    torch_engine.ATTENTION_BUCKET = bucket
+    if not kernel:
+        sampling_kernel.applies = lambda logits, params: False
+    inductor_config.max_autotune_gemm = autotune
+    try:
+        yield
+    finally:
+        torch_engine.ATTENTION_BUCKET, sampling_kernel.applies, inductor_config.max_autotune_gemm = saved
+
+
+VARIANTS = {
+    "whole cache, torch sampler (session 19)": dict(bucket=WHOLE_CACHE, kernel=False),
+    "whole cache, Triton sampler": dict(bucket=WHOLE_CACHE, kernel=True),
+    "buckets of 64, Triton sampler (default)": dict(bucket=64, kernel=True),
+    "buckets of 32, Triton sampler": dict(bucket=32, kernel=True),
+    "buckets of 64, Triton sampler, GEMM autotune": dict(bucket=64, kernel=True, autotune=True),
+}
+
+
+def main() -> None:
+    args, tokenizer, prompts, params = rollout_setup(__doc__.splitlines()[0])
+    rows, reference = [], None
+    for name, options in VARIANTS.items():
+        torch._dynamo.reset()
+        with variant(**options):
+            engine = new_engine(args.model, tokenizer)
+            try:
+                gens, wall = timed_generate(engine, prompts, params)
+            except Exception as exc:  # a variant that cannot run here is reported, not fatal
+                rows.append((name, None, f"failed: {type(exc).__name__}: {str(exc)[:80]}", ""))
+                continue
+        lps = torch.tensor([g.completion_logprobs[:32] for g in gens])
+        reference = lps if reference is None else reference
+        status = (
+            f"graphs {'on' if engine.decode == 'cuda_graph' else 'OFF'}, compiled {engine.compile_decode}"
+        )
+        rows.append((name, wall, status, f"{float((lps - reference).abs().mean()):.4f}"))
+        del engine
+        torch.cuda.empty_cache()
+    base = rows[0][1]
+    print(f"{len(prompts)} prompts x {params.max_new_tokens} new tokens on {torch.cuda.get_device_name()}")
+    print("| variant | rollout s | vs first | engine | mean abs logprob diff (32 tokens) |")
+    print("|---|---|---|---|---|")
+    for name, wall, status, drift in rows:
+        speed = f"{base / wall:.2f}x" if wall and base else "-"
+        print(
+            f"| {name} | {wall:.3f} | {speed} | {status} | {drift} |"
+            if wall
+            else f"| {name} | - | - | {status} | - |"
+        )
+
+
+if __name__ == "__main__":
+    main()
