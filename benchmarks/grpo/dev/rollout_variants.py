@@ -23,13 +23,30 @@ from profile_rollout import new_engine, rollout_setup, timed_generate
 from slime_gb10.grpo.engines import sampling_kernel, torch_engine
 
 WHOLE_CACHE = 1 << 30  # a bucket longer than any cache: attention over the whole buffer
+SDPA = torch_engine.StaticDecoder.attend
+
+
+def flex_decode(q, keys, values, mask, scale):
+    """A decode step's attention through FlexAttention (inductor's split-KV decoding kernel packs the
+    query heads of one KV head together); the prefill and eager runs keep SDPA."""
+    if q.shape[2] != 1 or not torch.compiler.is_compiling():
+        return SDPA(q, keys, values, mask, scale)
+    from torch.nn.attention.flex_attention import flex_attention
+
+    valid = mask[:, 0, 0, :]
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return torch.where(valid[b, kv_idx], score, -float("inf"))
+
+    return flex_attention(q, keys, values, score_mod=score_mod, scale=scale, enable_gqa=True)
 
 
 @contextlib.contextmanager
-def variant(bucket: int, kernel: bool, autotune: bool = False):
+def variant(bucket: int, kernel: bool, autotune: bool = False, attend=SDPA):
     import torch._inductor.config as inductor_config
 
     saved = torch_engine.ATTENTION_BUCKET, sampling_kernel.applies, inductor_config.max_autotune_gemm
+    torch_engine.StaticDecoder.attend = staticmethod(attend)
     torch_engine.ATTENTION_BUCKET = bucket
     if not kernel:
         sampling_kernel.applies = lambda logits, params: False
@@ -37,6 +54,7 @@ def variant(bucket: int, kernel: bool, autotune: bool = False):
     try:
         yield
     finally:
+        torch_engine.StaticDecoder.attend = staticmethod(SDPA)
         torch_engine.ATTENTION_BUCKET, sampling_kernel.applies, inductor_config.max_autotune_gemm = saved
 
 
@@ -44,8 +62,11 @@ VARIANTS = {
     "whole cache, torch sampler (session 19)": dict(bucket=WHOLE_CACHE, kernel=False),
     "whole cache, Triton sampler": dict(bucket=WHOLE_CACHE, kernel=True),
     "buckets of 64, Triton sampler (default)": dict(bucket=64, kernel=True),
-    "buckets of 32, Triton sampler": dict(bucket=32, kernel=True),
-    "buckets of 64, Triton sampler, GEMM autotune": dict(bucket=64, kernel=True, autotune=True),
+    "buckets of 64, Triton sampler, FlexAttention decode": dict(bucket=64, kernel=True, attend=flex_decode),
+    "whole cache, Triton sampler, FlexAttention decode": dict(
+        bucket=WHOLE_CACHE, kernel=True, attend=flex_decode
+    ),
+    "buckets of 128, Triton sampler": dict(bucket=128, kernel=True),
 }
 
 
