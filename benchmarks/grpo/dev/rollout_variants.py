@@ -2,9 +2,12 @@
 
 Variants, each a fresh engine (compile, capture and one warm-up rollout before the timed one):
 the torch sampler or the Triton kernel (``engines/sampling_kernel.py``), attention over the whole
-static cache or over buckets of the written slots (``torch_engine.ATTENTION_BUCKET``), and
-inductor's GEMM autotuning for the compiled step. Prints wall seconds and the mean |logprob|
-difference of the first 32 tokens against the first variant.
+static cache or over buckets of the written slots (``torch_engine.ATTENTION_BUCKET``), SDPA or the
+grouped-query decode kernel (``engines/decode_attention.py``); with ROLLOUT_VARIANTS_SLOW=1 also
+FlexAttention and inductor's GEMM autotuning. Prints wall seconds and the mean |logprob| difference
+of the first 32 tokens against the first variant (random-init models sample from nearly uniform
+distributions, so a last-bit change of the logits changes the token: this column only shows the
+variants that compute exactly the same).
 
     python benchmarks/grpo/dev/rollout_variants.py WORK_DIR/model-B --prompts 160 --new-tokens 512
 """
@@ -12,6 +15,7 @@ difference of the first 32 tokens against the first variant.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from pathlib import Path
 
@@ -20,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/grpo: profile_rollout
 from profile_rollout import new_engine, rollout_setup, timed_generate
 
-from slime_gb10.grpo.engines import sampling_kernel, torch_engine
+from slime_gb10.grpo.engines import decode_attention, sampling_kernel, torch_engine
 
 WHOLE_CACHE = 1 << 30  # a bucket longer than any cache: attention over the whole buffer
 SDPA = torch_engine.StaticDecoder.attend
@@ -42,10 +46,13 @@ def flex_decode(q, keys, values, mask, scale):
 
 
 @contextlib.contextmanager
-def variant(bucket: int, kernel: bool, autotune: bool = False, attend=SDPA):
+def variant(bucket: int, kernel: bool, gqa_kernel: bool = True, autotune: bool = False, attend=SDPA):
     import torch._inductor.config as inductor_config
 
     saved = torch_engine.ATTENTION_BUCKET, sampling_kernel.applies, inductor_config.max_autotune_gemm
+    saved_available = decode_attention.available
+    if not gqa_kernel:  # one-token steps through StaticDecoder.attend (SDPA unless swapped)
+        decode_attention.available = lambda *args: False
     torch_engine.StaticDecoder.attend = staticmethod(attend)
     torch_engine.ATTENTION_BUCKET = bucket
     if not kernel:
@@ -54,20 +61,26 @@ def variant(bucket: int, kernel: bool, autotune: bool = False, attend=SDPA):
     try:
         yield
     finally:
+        decode_attention.available = saved_available
         torch_engine.StaticDecoder.attend = staticmethod(SDPA)
         torch_engine.ATTENTION_BUCKET, sampling_kernel.applies, inductor_config.max_autotune_gemm = saved
 
 
 VARIANTS = {
-    "whole cache, torch sampler (session 19)": dict(bucket=WHOLE_CACHE, kernel=False),
-    "whole cache, Triton sampler": dict(bucket=WHOLE_CACHE, kernel=True),
-    "buckets of 64, Triton sampler (default)": dict(bucket=64, kernel=True),
-    "buckets of 64, Triton sampler, FlexAttention decode": dict(bucket=64, kernel=True, attend=flex_decode),
-    "whole cache, Triton sampler, FlexAttention decode": dict(
-        bucket=WHOLE_CACHE, kernel=True, attend=flex_decode
-    ),
-    "buckets of 128, Triton sampler": dict(bucket=128, kernel=True),
+    "whole cache, SDPA, torch sampler (session 19)": dict(bucket=WHOLE_CACHE, kernel=False, gqa_kernel=False),
+    "whole cache, SDPA, Triton sampler": dict(bucket=WHOLE_CACHE, kernel=True, gqa_kernel=False),
+    "buckets of 64, SDPA, Triton sampler": dict(bucket=64, kernel=True, gqa_kernel=False),
+    "buckets of 64, GQA decode kernel, Triton sampler (default)": dict(bucket=64, kernel=True),
+    "whole cache, GQA decode kernel, Triton sampler": dict(bucket=WHOLE_CACHE, kernel=True),
+    "buckets of 128, GQA decode kernel, Triton sampler": dict(bucket=128, kernel=True),
 }
+if os.environ.get("ROLLOUT_VARIANTS_SLOW"):  # measured once (session 20: 37-56 s against 0.85 s), not again
+    VARIANTS["buckets of 64, FlexAttention decode"] = dict(
+        bucket=64, kernel=True, gqa_kernel=False, attend=flex_decode
+    )
+    VARIANTS["buckets of 64, SDPA, GEMM autotune"] = dict(
+        bucket=64, kernel=True, gqa_kernel=False, autotune=True
+    )
 
 
 def main() -> None:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from slime_gb10.grpo.engines import decode_attention
 from slime_gb10.grpo.engines.sampling import row_uniforms, sample_next_token
 from slime_gb10.grpo.interfaces import Generation, RolloutEngine, SamplingParams
 
@@ -125,6 +126,10 @@ class StaticDecoder:
         self.keys = [torch.zeros(shape, dtype=param.dtype, device=param.device) for _ in self.layers]
         self.values = [torch.zeros(shape, dtype=param.dtype, device=param.device) for _ in self.layers]
         self.splits = (self.num_heads * self.head_dim, *(2 * (self.num_kv_heads * self.head_dim,)))
+        # one-token steps attend through the grouped-query decode kernel where it runs (decode_attention.py)
+        self.decode_kernel = decode_attention.available(
+            param.device, param.dtype, self.num_heads, self.num_kv_heads, self.head_dim
+        )
         self.step = self.forward  # the one-token decode step; torch.compile'd when the engine says so
 
     def forward(
@@ -164,7 +169,12 @@ class StaticDecoder:
             self.keys[i].index_copy_(2, cache_position, k)
             self.values[i].index_copy_(2, cache_position, v)
             keys, values = self.keys[i][:, :, :span], self.values[i][:, :, :span]
-            out = self.attend(q, keys, values, attention_mask, getattr(attn, "scaling", None))
+            scale = getattr(attn, "scaling", None)
+            if length == 1 and self.decode_kernel:
+                scale = self.head_dim**-0.5 if scale is None else scale
+                out = decode_attention.decode_attention(q, keys, values, attention_mask[:, 0, 0, :], scale)
+            else:
+                out = self.attend(q, keys, values, attention_mask, scale)
             out = out.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim)
             hidden = residual + attn.o_proj(out)
             hidden = hidden + self._mlp(layer.mlp, layer.post_attention_layernorm(hidden))

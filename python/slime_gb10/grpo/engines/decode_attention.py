@@ -1,0 +1,190 @@
+"""Decode attention (one new query per row) over a KV cache with grouped-query heads, as a Triton kernel.
+
+Its pure-torch twin is :func:`reference`: ``scaled_dot_product_attention`` of ``q`` ``[B, H, 1, D]``
+over the cache slots ``[B, H_kv, S, D]`` where ``valid`` ``[B, S]`` allows. The kernel gives each
+(row, KV head) one program that holds the ``H / H_kv`` query heads sharing that KV head as the rows
+of its tiles, so the cache is read once per KV head, not once per query head; BF16 tensor-core dots,
+FP32 online softmax (Dao et al.'s FlashAttention recurrence). When the batch has fewer (row, KV
+head) pairs than twice the GPU's SMs the slots are split among several programs and a second kernel
+merges their partial results by their log-sum-exp (flash-decoding).
+
+Why a kernel: the attention torch picks for this (cuDNN's SM80 flash kernel, taking each query head
+separately) was a fifth of a decode step of shape B on an H100 and an H200 (issue #27); FlexAttention
+through inductor ran 40x slower in the same step (``benchmarks/grpo/dev/rollout_variants.py``), and
+FlashInfer's decode kernels, which do this in SGLang, are not in the PyTorch engine's dependencies.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+#: cache slots per tile
+BLOCK_N = 64
+
+
+def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor, scale: float):
+    """The twin: SDPA with a boolean mask ``valid`` ``[B, S]`` broadcast over heads."""
+    return torch.nn.functional.scaled_dot_product_attention(
+        q,
+        keys,
+        values,
+        attn_mask=valid[:, None, None, :],
+        scale=scale,
+        enable_gqa=keys.shape[1] != q.shape[1],
+    )
+
+
+def available(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int) -> bool:
+    """Whether :func:`decode_attention` serves a model of these sizes here: a CUDA device, BF16/FP16,
+    whole query groups, a power-of-two head dimension of 16..256, Triton importable."""
+    return (
+        torch.device(device).type == "cuda"
+        and dtype in (torch.bfloat16, torch.float16)
+        and heads % kv_heads == 0
+        and 16 <= head_dim <= 256
+        and head_dim & (head_dim - 1) == 0
+        and _triton_imports()
+    )
+
+
+@functools.cache
+def _triton_imports() -> bool:
+    try:
+        import triton  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+@functools.cache
+def _kernels():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def attend_split(
+        q, k, v, valid, out, part_out, part_lse,
+        slots, scale,
+        sq_b, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sm_b, sm_s, so_b, so_h,
+        KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_P: tl.constexpr, D: tl.constexpr,
+        BLOCK: tl.constexpr, SPLITS: tl.constexpr,
+    ):  # fmt: skip
+        pair = tl.program_id(0)  # row * KV_HEADS + kv head
+        split = tl.program_id(1)
+        row = pair // KV_HEADS
+        kv_head = pair % KV_HEADS
+        g = tl.arange(0, GROUP_P)
+        dims = tl.arange(0, D)
+        heads = kv_head * GROUP + g
+        real = g < GROUP
+        qt = tl.load(q + row * sq_b + heads[:, None] * sq_h + dims[None, :], mask=real[:, None], other=0.0)
+        per_split = tl.cdiv(tl.cdiv(slots, BLOCK), SPLITS) * BLOCK
+        first = split * per_split
+        last = tl.minimum(first + per_split, slots)
+        peak = tl.full((GROUP_P,), float("-inf"), tl.float32)
+        total = tl.zeros((GROUP_P,), tl.float32)
+        acc = tl.zeros((GROUP_P, D), tl.float32)
+        k_base = k + row * sk_b + kv_head * sk_h
+        v_base = v + row * sv_b + kv_head * sv_h
+        for start in range(first, last, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            inside = cols < last
+            ok = tl.load(valid + row * sm_b + cols * sm_s, mask=inside, other=0) != 0
+            kt = tl.load(k_base + cols[:, None] * sk_s + dims[None, :], mask=inside[:, None], other=0.0)
+            scores = tl.dot(qt, tl.trans(kt)) * scale  # [GROUP_P, BLOCK] in FP32
+            scores = tl.where(ok[None, :], scores, float("-inf"))
+            new_peak = tl.maximum(peak, tl.max(scores, 1))
+            shift = tl.where(new_peak == float("-inf"), 0.0, new_peak)  # a block of padding only
+            p = tl.exp(scores - shift[:, None])
+            alpha = tl.exp(peak - shift)
+            total = total * alpha + tl.sum(p, 1)
+            vt = tl.load(v_base + cols[:, None] * sv_s + dims[None, :], mask=inside[:, None], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+            peak = new_peak
+        result = acc / tl.where(total > 0, total, 1.0)[:, None]
+        if SPLITS == 1:
+            target = out + row * so_b + heads[:, None] * so_h + dims[None, :]
+            tl.store(target, result.to(out.dtype.element_ty), mask=real[:, None])
+        else:
+            lse = tl.where(total > 0, peak + tl.log(total), float("-inf"))
+            slot = (row * KV_HEADS * GROUP + heads) * SPLITS + split  # [B, H, SPLITS]
+            tl.store(part_lse + slot, lse, mask=real)
+            tl.store(part_out + slot[:, None] * D + dims[None, :], result, mask=real[:, None])
+
+    @triton.jit
+    def merge_splits(part_out, part_lse, out, heads_total, so_b, so_h, D: tl.constexpr, SPLITS: tl.constexpr):
+        pair = tl.program_id(0)  # row * H + head
+        row = pair // heads_total
+        head = pair % heads_total
+        splits = tl.arange(0, SPLITS)
+        dims = tl.arange(0, D)
+        lse = tl.load(part_lse + pair * SPLITS + splits)
+        peak = tl.max(lse, 0)
+        weight = tl.where(lse == float("-inf"), 0.0, tl.exp(lse - peak))
+        parts = tl.load(part_out + (pair * SPLITS + splits)[:, None] * D + dims[None, :])
+        merged = tl.sum(parts * weight[:, None], 0) / tl.sum(weight, 0)
+        tl.store(out + row * so_b + head * so_h + dims, merged.to(out.dtype.element_ty))
+
+    return attend_split, merge_splits
+
+
+@functools.cache
+def _multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def splits_for(rows: int, kv_heads: int, device: torch.device) -> int:
+    """Programs per (row, KV head): 1 when those pairs already fill the GPU twice, else up to 16
+    (a power of two, the merge kernel's tile)."""
+    sms = _multiprocessors(torch.device(device).index or 0)
+    want = -(-2 * sms // max(1, rows * kv_heads))
+    return min(16, 1 << (want - 1).bit_length())
+
+
+@torch.library.custom_op("slime_gb10::decode_attention", mutates_args=())
+def decode_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, valid: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """``q`` ``[B, H, 1, D]`` over ``keys``/``values`` ``[B, H_kv, S, D]`` (any strides but the last)
+    where ``valid`` ``[B, S]`` is true; returns ``[B, H, 1, D]``. A custom op, so that ``torch.compile``
+    keeps it as one call and CUDA graphs capture its launches."""
+    return launch(q, keys, values, valid, scale, splits_for(q.shape[0], keys.shape[1], q.device))
+
+
+def launch(q, keys, values, valid, scale: float, splits: int) -> torch.Tensor:
+    """The kernels with ``splits`` programs per (row, KV head), a power of two (tests choose it)."""
+    rows, heads, _, d = q.shape
+    kv_heads, slots = keys.shape[1], keys.shape[2]
+    group = heads // kv_heads
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    keys = keys if keys.stride(-1) == 1 else keys.contiguous()
+    values = values if values.stride(-1) == 1 else values.contiguous()
+    valid = valid.view(torch.uint8) if valid.dtype == torch.bool else valid
+    out = torch.empty((rows, heads, 1, d), dtype=q.dtype, device=q.device)
+    if splits > 1:
+        part_out = torch.empty((rows, heads, splits, d), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((rows, heads, splits), dtype=torch.float32, device=q.device)
+    else:
+        part_out = part_lse = out  # unused
+    attend_split, merge_splits = _kernels()
+    attend_split[(rows * kv_heads, splits)](
+        q, keys, values, valid, out, part_out, part_lse,
+        slots, scale,
+        q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
+        values.stride(0), values.stride(1), values.stride(2), valid.stride(0), valid.stride(1),
+        out.stride(0), out.stride(1),
+        KV_HEADS=kv_heads, GROUP=group, GROUP_P=max(16, 1 << (group - 1).bit_length()), D=d,
+        BLOCK=BLOCK_N, SPLITS=splits, num_warps=4,
+    )  # fmt: skip
+    if splits > 1:
+        merge_splits[(rows * heads,)](
+            part_out, part_lse, out, heads, out.stride(0), out.stride(1), D=d, SPLITS=splits
+        )
+    return out
+
+
+@decode_attention.register_fake
+def _(q, keys, values, valid, scale):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
