@@ -153,8 +153,19 @@ def decode_attention(
     return launch(q, keys, values, valid, scale, splits_for(q.shape[0], keys.shape[1], q.device))
 
 
-def launch(q, keys, values, valid, scale: float, splits: int) -> torch.Tensor:
-    """The kernels with ``splits`` programs per (row, KV head), a power of two (tests choose it)."""
+def launch(
+    q,
+    keys,
+    values,
+    valid,
+    scale: float,
+    splits: int,
+    block: int = BLOCK_N,
+    num_warps: int = 4,
+    num_stages: int = 2,
+) -> torch.Tensor:
+    """The kernels with ``splits`` programs per (row, KV head), a power of two (tests and
+    ``benchmarks/grpo/dev/decode_kernel_sweep.py`` choose it and the tile)."""
     rows, heads, _, d = q.shape
     kv_heads, slots = keys.shape[1], keys.shape[2]
     group = heads // kv_heads
@@ -176,7 +187,7 @@ def launch(q, keys, values, valid, scale: float, splits: int) -> torch.Tensor:
         values.stride(0), values.stride(1), values.stride(2), valid.stride(0), valid.stride(1),
         out.stride(0), out.stride(1),
         KV_HEADS=kv_heads, GROUP=group, GROUP_P=max(16, 1 << (group - 1).bit_length()), D=d,
-        BLOCK=BLOCK_N, SPLITS=splits, num_warps=4,
+        BLOCK=block, SPLITS=splits, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if splits > 1:
         merge_splits[(rows * heads,)](
