@@ -51,7 +51,7 @@ def main() -> None:
     results.sort(key=lambda r: r[1])
     print(
         f"{torch.cuda.get_device_name()}: {rows} rows x {slots} slots, KV {kv_bytes / 1e6:.1f} MB; "
-        f"auto splits {splits_for(rows, args.kv_heads, q.device)}"
+        f"auto splits {splits_for(rows, args.kv_heads, slots, q.device)}"
     )
     print("| launch | us | KV GB/s | max abs error |")
     for name, ms, err in results[:12] + [r for r in results if r[0].startswith("SDPA")]:
