@@ -7,6 +7,7 @@ Real parts: SmolLM2's tokenizer and a small random-init Llama from a real ``tran
 from __future__ import annotations
 
 import copy
+import importlib
 
 import pytest
 import torch
@@ -93,6 +94,45 @@ def test_a_left_padded_batch_keeps_its_mask(tiny_dir, tokenizer):
     lp_right, _ = backend.logprobs(right)
     lp_left, _ = backend.logprobs(left)
     torch.testing.assert_close(shift(lp_right), lp_left, atol=1e-5, rtol=0)
+
+
+def test_right_padded_batches_reach_the_layers_without_a_mask_and_compile_once(
+    tiny_dir, tokenizer, monkeypatch
+):
+    """A batch without padding and batches with right padding (other lengths) run the decoder
+    layers with no attention mask -- transformers builds none from the positions -- so the layers
+    compiled with dynamic shapes are traced once (a counting backend stands in for inductor), and
+    the logprobs are those of the plain model given the mask."""
+    from slime_gb10.grpo.backends.torch_backend import compile_decoder_layers, token_logprobs
+
+    model = load_causal_lm(str(tiny_dir))
+    plain = copy.deepcopy(model)
+    traced, masks, layer_masks = [], [], []
+    modeling = importlib.import_module(type(model).__module__)  # transformers' module of this model
+    build_mask = modeling.create_causal_mask
+    monkeypatch.setattr(
+        modeling, "create_causal_mask", lambda *a, **k: masks.append(build_mask(*a, **k)) or masks[-1]
+    )
+    compile_decoder_layers(model, backend=lambda gm, example_inputs: traced.append(gm) or gm.forward)
+    gen = torch.Generator().manual_seed(5)
+    for rows, length, padded in ((4, 12, 0), (4, 12, 2), (3, 15, 3)):
+        ids = torch.randint(0, len(tokenizer), (rows, length), generator=gen)
+        attention = torch.ones(rows, length, dtype=torch.long)
+        for r in range(padded):
+            attention[r, length - 2 - r :] = 0
+        completion = attention.clone()
+        completion[:, :4] = 0
+        batch = TokenBatch(ids, attention, completion)
+        assert right_padded(attention)
+        with torch.no_grad():
+            got, _ = token_logprobs(model, batch, temperature=1.0, with_entropy=False, autocast_dtype=None)
+            layer_masks.append(masks[-1])
+            logits = plain(input_ids=ids, attention_mask=attention).logits.double()
+        want = torch.log_softmax(logits, -1)[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
+        keep = completion[:, 1:].bool()
+        torch.testing.assert_close(got[:, 1:][keep].double(), want[keep], atol=1e-4, rtol=0)
+    assert all(m is None for m in layer_masks)  # what the layers got, per batch
+    assert len(traced) == 1
 
 
 def _policy_gradient_loss(logprobs, entropy, batch, extras):

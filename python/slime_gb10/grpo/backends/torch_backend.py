@@ -79,7 +79,6 @@ def token_logprobs(
     Zero where ``completion_mask`` is 0. Differentiable when called with grad enabled.
     """
     input_ids, attention_mask = batch.input_ids, batch.attention_mask
-    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     device_type = input_ids.device.type
     autocast = (
         torch.autocast(device_type=device_type, dtype=autocast_dtype)
@@ -91,6 +90,15 @@ def token_logprobs(
     # positions' own outputs are garbage, and masked out below). Without a mask SDPA runs its
     # flash kernel instead of the masked kernel reading a [B, 1, T, T] mask (issue #27).
     mask = None if right_padded(attention_mask) else attention_mask
+    if mask is None:
+        # 0, 1, 2, ... on every row, through the padding too: a real token's position is the same
+        # as counted over the mask, and transformers sees no restart (the count over the mask
+        # repeats the last position on padding, which transformers takes for packed sequences and
+        # answers with a block mask: the masked SDPA kernel and, after a first batch without
+        # padding, a second compile of the layers; issue #27)
+        position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+    else:
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     with autocast:
         hidden = _decoder(model)(
             input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False
