@@ -3,8 +3,9 @@ in float64, on random shapes: query groups of 7 (shape B), 3 and 1, head dims 32
 rows (whole tiles of padding included), cache slices narrower than the buffer (the decode loop's
 buckets), one program per (row, KV head) and slots split among 2-16 programs.
 
-On the CPU the kernel runs under ``TRITON_INTERPRET=1`` in FP16: the interpreter's BF16 ``tl.dot``
-returns garbage in Triton 3.9 (a 16x16 BF16 product off by 1e10 there), so BF16 is checked on the GPU.
+On the CPU the kernel runs under ``TRITON_INTERPRET=1`` in FP16 and FP32: the interpreter's BF16
+``tl.dot`` returns garbage in Triton 3.9 (a 16x16 BF16 product off by 1e10 there), so BF16 is checked
+on the GPU. FP32 (exact FP32 dots) is what the engine's FP32 GPU tests decode with.
 """
 
 from __future__ import annotations
@@ -61,7 +62,10 @@ def test_the_decode_kernel_is_sdpa_under_the_interpreter():
         (2, 4, 4, 32, 80, 64, 2),  # no grouping
         (2, 8, 2, 128, 160, 150, 16),
     ]
-    script = CASES + f"\nprint(json.dumps(compare('cpu', {shapes!r}, torch.float16)))\n"
+    script = CASES + (
+        f"\nprint(json.dumps(compare('cpu', {shapes!r}, torch.float16)"
+        f" + compare('cpu', {shapes[:2]!r}, torch.float32)))\n"
+    )
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
@@ -83,6 +87,7 @@ def test_the_decode_kernel_is_sdpa_on_gpu():
         (3, 32, 8, 128, 300, 257, 2),
     ]
     _check(namespace["compare"]("cuda", shapes, torch.bfloat16), 1.6e-2)  # BF16 rounding: 2^-8 x |out| <= 4
+    _check(namespace["compare"]("cuda", shapes[:2], torch.float32), 1e-5)
 
 
 @pytest.mark.gpu

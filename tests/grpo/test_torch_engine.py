@@ -281,15 +281,20 @@ def test_stop_strings_cut_the_completion(engine, tokenizer):
 
 @pytest.mark.gpu
 def test_cuda_graph_decoding_matches_dynamic_on_gpu(tiny_dir, tokenizer):
-    """The captured decode step replays the same computation as the HF forward (FP32, greedy)."""
+    """The captured decode steps -- the grouped-query decode kernel over attention buckets -- replay
+    the computation of the HF forward (FP32, greedy, 80 tokens: two buckets)."""
     model = load_causal_lm(str(tiny_dir)).to("cuda")
-    eos = eos_token_ids(tokenizer, model)
-    graphed = TorchRolloutEngine(model, tokenizer, "cuda", eos_token_ids=eos, decode="cuda_graph")
-    dynamic = TorchRolloutEngine(model, tokenizer, "cuda", eos_token_ids=eos, decode="dynamic")
+    assert model.dtype == torch.float32
+    # no EOS: every row decodes all 80 tokens
+    graphed = TorchRolloutEngine(model, tokenizer, "cuda", eos_token_ids=[-1], decode="cuda_graph")
+    dynamic = TorchRolloutEngine(model, tokenizer, "cuda", eos_token_ids=[-1], decode="dynamic")
     prompts = _prompts(tokenizer) * 3
-    params = SamplingParams(max_new_tokens=16, temperature=0.0)
+    params = SamplingParams(max_new_tokens=80, temperature=0.0)
     a, b = graphed.generate(prompts, params), dynamic.generate(prompts, params)
     assert graphed.decode == "cuda_graph" and graphed._graphs, "the decode step was not captured"
+    assert all(decoder.decode_kernel for decoder in graphed._decoders.values())
+    assert len(next(iter(graphed._graphs.values())).graphs) >= 2  # a graph per attention bucket
+    assert [len(g.completion_ids) for g in a] == [80] * len(prompts)
     assert [g.completion_ids for g in a] == [g.completion_ids for g in b]
     # a second batch of the same shape replays the same graph
     graphed.generate(prompts, params)

@@ -38,11 +38,12 @@ def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, valid: 
 
 
 def available(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int) -> bool:
-    """Whether :func:`decode_attention` serves a model of these sizes here: a CUDA device, BF16/FP16,
-    whole query groups, a power-of-two head dimension of 16..256, Triton importable."""
+    """Whether :func:`decode_attention` serves a model of these sizes here: a CUDA device, BF16/FP16
+    (tensor-core dots) or FP32 (exact FP32 dots, for tests that need tokens equal to the plain
+    path's), whole query groups, a power-of-two head dimension of 16..256, Triton importable."""
     return (
         torch.device(device).type == "cuda"
-        and dtype in (torch.bfloat16, torch.float16)
+        and dtype in (torch.bfloat16, torch.float16, torch.float32)
         and heads % kv_heads == 0
         and 16 <= head_dim <= 256
         and head_dim & (head_dim - 1) == 0
@@ -70,7 +71,7 @@ def _kernels():
         slots, scale,
         sq_b, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sm_b, sm_s, so_b, so_h,
         KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_P: tl.constexpr, D: tl.constexpr,
-        BLOCK: tl.constexpr, SPLITS: tl.constexpr,
+        BLOCK: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr,
     ):  # fmt: skip
         pair = tl.program_id(0)  # row * KV_HEADS + kv head
         split = tl.program_id(1)
@@ -94,7 +95,7 @@ def _kernels():
             inside = cols < last
             ok = tl.load(valid + row * sm_b + cols * sm_s, mask=inside, other=0) != 0
             kt = tl.load(k_base + cols[:, None] * sk_s + dims[None, :], mask=inside[:, None], other=0.0)
-            scores = tl.dot(qt, tl.trans(kt)) * scale  # [GROUP_P, BLOCK] in FP32
+            scores = tl.dot(qt, tl.trans(kt), input_precision=PRECISION) * scale  # [GROUP_P, BLOCK] in FP32
             scores = tl.where(ok[None, :], scores, float("-inf"))
             new_peak = tl.maximum(peak, tl.max(scores, 1))
             shift = tl.where(new_peak == float("-inf"), 0.0, new_peak)  # a block of padding only
@@ -102,7 +103,7 @@ def _kernels():
             alpha = tl.exp(peak - shift)
             total = total * alpha + tl.sum(p, 1)
             vt = tl.load(v_base + cols[:, None] * sv_s + dims[None, :], mask=inside[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PRECISION)
             peak = new_peak
         result = acc / tl.where(total > 0, total, 1.0)[:, None]
         if SPLITS == 1:
@@ -192,7 +193,8 @@ def launch(
         values.stride(0), values.stride(1), values.stride(2), valid.stride(0), valid.stride(1),
         out.stride(0), out.stride(1),
         KV_HEADS=kv_heads, GROUP=group, GROUP_P=max(16, 1 << (group - 1).bit_length()), D=d,
-        BLOCK=block, SPLITS=splits, num_warps=num_warps, num_stages=num_stages,
+        BLOCK=block, SPLITS=splits, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if splits > 1:
         merge_splits[(rows * heads,)](
