@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from slime_gb10.grpo.engines import decode_attention as gqa_kernel
 from slime_gb10.grpo.engines.torch_engine import StaticDecoder
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/grpo: the rollout scripts' helpers
@@ -56,6 +57,9 @@ VARIANTS = {
 
 def main() -> None:
     args, tokenizer, prompts, params = rollout_setup(__doc__.splitlines()[0])
+    # one-token steps through StaticDecoder.attend, i.e. these variants, not the engine's GQA kernel
+    # (rollout_variants.py compares that kernel with SDPA)
+    gqa_kernel.available = lambda *args: False
     rows, reference = [], None
     for name, attend in VARIANTS.items():
         torch._dynamo.reset()

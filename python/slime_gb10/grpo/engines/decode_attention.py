@@ -20,6 +20,8 @@ import functools
 
 import torch
 
+from slime_gb10.grpo.engines import triton_importable
+
 #: cache slots per tile; with 4 warps and a 2-stage pipeline the fastest launch on an H100 for shape
 #: B (10.0 us, 3.2 TB/s of KV against SDPA's 19.9 us; benchmarks/grpo/dev/decode_kernel_sweep.py)
 BLOCK_N = 128
@@ -47,17 +49,8 @@ def available(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: in
         and heads % kv_heads == 0
         and 16 <= head_dim <= 256
         and head_dim & (head_dim - 1) == 0
-        and _triton_imports()
+        and triton_importable()
     )
-
-
-@functools.cache
-def _triton_imports() -> bool:
-    try:
-        import triton  # noqa: F401
-    except Exception:
-        return False
-    return True
 
 
 @functools.cache

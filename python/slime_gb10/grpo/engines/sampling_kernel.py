@@ -24,6 +24,8 @@ import functools
 
 import torch
 
+from slime_gb10.grpo.engines import triton_importable
+
 #: tokens per block: one row of shape B's 49,152-token vocabulary is 12 blocks
 BLOCK = 4096
 
@@ -87,22 +89,13 @@ def _kernel():
     return sample_rows
 
 
-@functools.cache
-def _triton_imports() -> bool:
-    try:
-        import triton  # noqa: F401
-    except Exception:
-        return False
-    return True
-
-
 def applies(logits: torch.Tensor, params) -> bool:
     """Whether :func:`sample_rows` serves this draw: random sampling without top-k/top-p, logits on a
     CUDA device, Triton importable (the CPU keeps the torch twin)."""
     unfiltered = (
         not (params.top_k is not None and 0 < params.top_k < logits.shape[-1]) and params.top_p >= 1.0
     )
-    return not params.greedy and unfiltered and logits.is_cuda and logits.dim() == 2 and _triton_imports()
+    return not params.greedy and unfiltered and logits.is_cuda and logits.dim() == 2 and triton_importable()
 
 
 def sample_rows(

@@ -12,8 +12,11 @@ there is a second path, :class:`StaticDecoder`: the same modules (norms, project
 rotary embedding) driven by a small forward of ours over a preallocated KV cache with static
 shapes, so that one decode step can be captured as a CUDA graph and replayed (kernel-launch
 overhead dominates decoding of small models: ~30 layers x ~30 kernels per token), compiled by
-``torch.compile`` first where that pays. Prefill and sampling (:mod:`slime_gb10.grpo.engines.sampling`)
-stay eager. Other architectures use the HF forward with a dynamic cache.
+``torch.compile`` first where that pays. A step attends over the cache slots written so far, rounded
+up to a bucket (:func:`attention_length`; a graph per bucket), on a GPU through the grouped-query
+kernel of :mod:`~slime_gb10.grpo.engines.decode_attention`. Prefill and sampling
+(:mod:`~slime_gb10.grpo.engines.sampling`, one Triton kernel on a GPU) run outside the graphs.
+Other architectures use the HF forward with a dynamic cache.
 
 The engine holds its own copy of the weights (BF16 on a GPU), refreshed from the trainer through
 ``update_weights`` (a :mod:`slime_gb10.grpo.weight_sync` stream), exactly like SGLang would be.
