@@ -4,7 +4,8 @@ Variants, each a fresh engine (compile, capture and one warm-up rollout before t
 the torch sampler or the Triton kernel (``engines/sampling_kernel.py``), attention over the whole
 static cache or over buckets of the written slots (``torch_engine.ATTENTION_BUCKET``), SDPA or the
 grouped-query decode kernel (``engines/decode_attention.py``); with ROLLOUT_VARIANTS_SLOW=1 also
-FlexAttention and inductor's GEMM autotuning. Prints wall seconds and the mean |logprob| difference
+FlexAttention, inductor's GEMM autotuning and session 19's attention formulations (SDPA forced to
+memory-efficient attention, GQA as two batched matmuls). Prints wall seconds and the mean |logprob| difference
 of the first 32 tokens against the first variant (random-init models sample from nearly uniform
 distributions, so a last-bit change of the logits changes the token: this column only shows the
 variants that compute exactly the same).
@@ -20,6 +21,7 @@ import sys
 from pathlib import Path
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/grpo: profile_rollout
 from profile_rollout import new_engine, rollout_setup, timed_generate
@@ -28,6 +30,30 @@ from slime_gb10.grpo.engines import decode_attention, sampling_kernel, torch_eng
 
 WHOLE_CACHE = 1 << 30  # a bucket longer than any cache: attention over the whole buffer
 SDPA = torch_engine.StaticDecoder.attend
+
+
+def efficient(q, keys, values, mask, scale):
+    with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+        return SDPA(q, keys, values, mask, scale)
+
+
+def grouped(q, keys, values, mask, scale, fp32_scores=False):
+    """One new position per row (T = 1): the G query heads of each KV head are the rows of one
+    batched matmul with that head's cache (scores in BF16 or, with ``fp32_scores``, FP32)."""
+    b, h, t, d = q.shape
+    hkv, length = keys.shape[1], keys.shape[2]
+    if t != 1:  # prefill: the SDPA path
+        return SDPA(q, keys, values, mask, scale)
+    g = h // hkv
+    scale = d**-0.5 if scale is None else scale
+    qg = q.reshape(b * hkv, g, d)
+    if fp32_scores:
+        scores = torch.bmm(qg, keys.reshape(b * hkv, length, d).transpose(1, 2), out_dtype=torch.float32)
+    else:
+        scores = torch.bmm(qg, keys.reshape(b * hkv, length, d).transpose(1, 2)).float()
+    scores = (scores * scale).view(b, hkv, g, length).masked_fill(~mask.view(b, 1, 1, length), float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(values.dtype).view(b * hkv, g, length)
+    return torch.bmm(probs, values.reshape(b * hkv, length, d)).view(b, h, 1, d)
 
 
 def flex_decode(q, keys, values, mask, scale):
@@ -80,6 +106,14 @@ if os.environ.get("ROLLOUT_VARIANTS_SLOW"):  # measured once (session 20: 37-56 
     )
     VARIANTS["buckets of 64, SDPA, GEMM autotune"] = dict(
         bucket=64, kernel=True, gqa_kernel=False, autotune=True
+    )
+    # session 19's attention formulations (then with the whole cache and the torch sampler): SDPA
+    # forced to memory-efficient attention, and GQA as two batched matmuls per KV head
+    slow = dict(bucket=64, kernel=True, gqa_kernel=False)
+    VARIANTS["buckets of 64, SDPA memory-efficient"] = dict(slow, attend=efficient)
+    VARIANTS["buckets of 64, grouped bmm, BF16 scores"] = dict(slow, attend=grouped)
+    VARIANTS["buckets of 64, grouped bmm, FP32 scores"] = dict(
+        slow, attend=lambda *a: grouped(*a, fp32_scores=True)
     )
 
 
