@@ -321,3 +321,36 @@ def test_warmup_is_one_function_for_both_backends():
 
     assert [warmup_factor(s, 4) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
     assert warmup_factor(0, 0) == 1.0 and warmup_factor(7, 0) == 1.0
+
+
+def test_resuming_keeps_the_checkpoints_moments_and_takes_the_configs_lr(tiny_dir, tokenizer):
+    """Two optimizer steps of a 4-step warmup, saved; loaded with the same config the optimizer is
+    the saved one bit for bit, loaded with another lr (``--resume --lr``) the next step runs at the
+    new lr x 3/4 (the warmup continues) with the saved Adam moments."""
+    from slime_gb10.grpo.config import TrainConfig
+
+    def backend(lr):
+        train = TrainConfig(lr=lr, warmup_steps=4, weight_decay=0.0)
+        return TorchPolicyBackend(load_causal_lm(str(tiny_dir)), tokenizer, "cpu", train=train)
+
+    first = backend(1e-3)
+    batch, extras = collate(random_batch(tokenizer), tokenizer.pad_token_id)
+    extras["global_count"] = float(batch.completion_mask.sum())
+    for _ in range(2):
+        first.train_step([(batch, extras)], _policy_gradient_loss)
+    state = copy.deepcopy(first.state_dict())
+
+    same = backend(1e-3)
+    same.load_state_dict(copy.deepcopy(state))
+    assert same.optimizer.param_groups[0]["lr"] == first.optimizer.param_groups[0]["lr"] == 1e-3 * 0.75
+    assert same.optimizer.state_dict()["param_groups"] == first.optimizer.state_dict()["param_groups"]
+
+    lower = backend(1e-4)
+    lower.load_state_dict(copy.deepcopy(state))
+    assert lower.optimizer.param_groups[0]["lr"] == pytest.approx(1e-4 * 0.75, rel=1e-12)
+    moments = first.optimizer.state_dict()["state"]
+    for key, value in lower.optimizer.state_dict()["state"].items():
+        assert torch.equal(value["exp_avg"], moments[key]["exp_avg"])
+    assert lower.train_step([(batch, extras)], _policy_gradient_loss).metrics["lr"] == pytest.approx(
+        1e-4, rel=1e-12
+    )

@@ -120,7 +120,12 @@ class TrainConfig(_Section):
         ge=1,
         description="GRPO steps of the run in all (--resume continues up to it, it adds none).",
     )
-    lr: float = Field(default=2e-5, gt=0.0, description="AdamW learning rate (after train.warmup_steps).")
+    lr: float = Field(
+        default=2e-5,
+        gt=0.0,
+        description="AdamW learning rate (after train.warmup_steps); with --resume, a new value "
+        "applies from the next step (the Adam moments are the checkpoint's).",
+    )
     warmup_steps: int = Field(default=0, ge=0)
     weight_decay: float = Field(default=0.0, ge=0.0)
     adam_betas: tuple[float, float] = (0.9, 0.99)

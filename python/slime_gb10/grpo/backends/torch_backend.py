@@ -138,6 +138,7 @@ class TorchPolicyBackend(PolicyBackend):
         self.autocast_dtype = autocast_dtype
         self.transfer_dtype = transfer_dtype
         self.max_grad_norm = train.max_grad_norm
+        self.train_config = train
         if gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.config.use_cache = False
@@ -276,6 +277,25 @@ class TorchPolicyBackend(PolicyBackend):
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        self._apply_optimizer_settings()
+
+    def _apply_optimizer_settings(self) -> None:
+        """The run's optimizer settings over those a checkpoint restored: the Adam moments and the step
+        count come from the checkpoint, lr (at this point of the warmup), betas, eps and weight decay
+        from the config. A resumed run's config is its saved one unless flags change it, so an
+        unchanged resume is exact (the same numbers), while ``--resume --lr ...`` -- what the trainer
+        advises after a divergence -- takes effect (the optimizer's saved ``lr`` used to win)."""
+        train = self.train_config
+        self.scheduler.base_lrs = [train.lr] * len(self.optimizer.param_groups)
+        lr = train.lr * warmup_factor(self.scheduler.last_epoch, train.warmup_steps)
+        for group in self.optimizer.param_groups:
+            group.update(
+                initial_lr=train.lr,
+                lr=lr,
+                betas=tuple(train.adam_betas),
+                eps=train.adam_eps,
+                weight_decay=train.weight_decay,
+            )
 
     def save_pretrained(self, directory: str, dtype: torch.dtype | None = None) -> None:
         dtype = dtype or torch.bfloat16
