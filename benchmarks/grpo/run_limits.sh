@@ -13,7 +13,7 @@ OUT="${OUT:-/tmp/bench-grpo}" WORK="${WORK:-/tmp/bench-grpo-work}" TOKENIZER="${
 SHAPES="${SHAPES:-A,B,C}" TRL_SHAPES="${TRL_SHAPES:-A B}" TRL_STEPS="${TRL_STEPS:-4}"
 mkdir -p "$OUT" "$WORK"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-python3 -m slime_gb10.grpo.bench --shapes "$SHAPES" --steps "${STEPS:-3}" --tokenizer "$TOKENIZER" \
+python3 -m slime_gb10.grpo.bench --shapes "$SHAPES" --steps "${STEPS:-4}" --tokenizer "$TOKENIZER" \
   --work-dir "$WORK" --json "$OUT/ours.json" 2>&1 | tee "$OUT/ours.log" | grep -v "^\s*$" | tail -12
 pairs=()
 for name in $TRL_SHAPES; do
