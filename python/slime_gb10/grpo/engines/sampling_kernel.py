@@ -15,7 +15,8 @@ the float64 sums are associated differently: the two pick different tokens only 
 falls within float64 rounding of a CDF boundary (the tests compare them token for token).
 
 Why a kernel of ours: no library samples a categorical at a caller's uniform (FlashInfer's sampling
-kernels draw their own Philox numbers and are not in the Spark stack; Liger-Kernel has none).
+kernels draw their own Philox numbers, and FlashInfer is not a dependency of the PyTorch engine;
+Liger-Kernel has no sampler).
 """
 
 from __future__ import annotations
