@@ -9,9 +9,10 @@ head) pairs than twice the GPU's SMs the slots are split among several programs 
 merges their partial results by their log-sum-exp (flash-decoding).
 
 Why a kernel: the attention torch picks for this (cuDNN's SM80 flash kernel, taking each query head
-separately) was a fifth of a decode step of shape B on an H100 and an H200 (issue #27); FlexAttention
-through inductor ran 40x slower in the same step (``benchmarks/grpo/dev/rollout_variants.py``), and
-FlashInfer's decode kernels, which do this in SGLang, are not in the PyTorch engine's dependencies.
+separately) was a quarter of a decode step of shape B on an H100 (19.1 us per call; this kernel 15.1 us
+in the same step, BENCHMARKS.md, issue #27); FlexAttention through inductor ran 40x slower in the same
+step (``benchmarks/grpo/dev/rollout_variants.py``), and FlashInfer's decode kernels, which do this in
+SGLang, are not in the PyTorch engine's dependencies.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import torch
 
 from slime_gb10.grpo.engines import triton_importable
 
-#: cache slots per tile; with 4 warps and a 2-stage pipeline the fastest launch on an H100 for shape
-#: B (10.0 us, 3.2 TB/s of KV against SDPA's 19.9 us; benchmarks/grpo/dev/decode_kernel_sweep.py)
+#: cache slots per tile; with 4 warps and a 2-stage pipeline the fastest of 81 launches on an H100 for
+#: shape B (benchmarks/grpo/dev/decode_kernel_sweep.py with the KV in L2: 10.0 us against SDPA's 19.9)
 BLOCK_N = 128
 
 
@@ -132,8 +133,8 @@ def _multiprocessors(index: int) -> int:
 
 def splits_for(rows: int, kv_heads: int, slots: int, device: torch.device) -> int:
     """Programs per (row, KV head), a power of two: 1 when those pairs already fill the GPU twice,
-    else enough to, but no more than one tile of slots each (16 rows x 512 slots on an H100: 4
-    splits 5.5 us, SDPA 11.6 us)."""
+    else enough to, but no more than one tile of slots each (16 rows x 512 slots on an H100, KV in
+    L2: 4 splits 5.1 us, SDPA 11.6 us)."""
     sms = _multiprocessors(torch.device(device).index or 0)
     want = -(-2 * sms // max(1, rows * kv_heads))
     tiles = max(1, slots // BLOCK_N)
