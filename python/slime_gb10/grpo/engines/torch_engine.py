@@ -240,7 +240,8 @@ def attention_length(slot: int, cache_len: int) -> int:
 def compile_decode_step(decoder: StaticDecoder, backend: str | Callable = "inductor") -> None:
     """``decoder.step`` = its forward through ``torch.compile``: static shapes but the attention span,
     which :meth:`_GraphedStep.run` marks dynamic, so every bucket of a (batch, cache) runs one
-    compiled graph (compiling one per bucket took ~20 s each for shape B)."""
+    compiled graph (shape B's first rollout, its one compile included, takes ~29 s on an H100;
+    a compile per bucket would repeat most of that for each of its ~9 buckets)."""
     decoder.step = torch.compile(decoder.forward, backend=backend, fullgraph=True, dynamic=False)
 
 
