@@ -38,6 +38,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    def truncates(self, vocab: int) -> bool:
+        """Whether top-k or top-p removes tokens from a ``vocab``-token distribution (what
+        ``engines.sampling.filter_logits`` then does); the samplers dispatch on it."""
+        return (self.top_k is not None and 0 < self.top_k < vocab) or self.top_p < 1.0
+
 
 @dataclass
 class Generation:

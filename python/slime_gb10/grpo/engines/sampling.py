@@ -118,8 +118,9 @@ def sample_next_token(
     logits = logits.float()
     scaled = logits / params.temperature
     lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
-    filtered = filter_logits(scaled, params.top_k, params.top_p)
-    # unfiltered: the probabilities are exp(scaled - lse), no second softmax pass over the vocabulary
-    probs = torch.exp(scaled - lse) if filtered is scaled else torch.softmax(filtered, dim=-1)
+    if params.truncates(scaled.shape[-1]):
+        probs = torch.softmax(filter_logits(scaled, params.top_k, params.top_p), dim=-1)
+    else:  # the probabilities are exp(scaled - lse): no second softmax pass over the vocabulary
+        probs = torch.exp(scaled - lse)
     tokens = inverse_cdf(probs, uniforms)
     return tokens, (scaled.gather(-1, tokens[:, None]) - lse).squeeze(-1)

@@ -93,10 +93,9 @@ def _kernel():
 def applies(logits: torch.Tensor, params) -> bool:
     """Whether :func:`sample_rows` serves this draw: random sampling without top-k/top-p, logits on a
     CUDA device, Triton importable (the CPU keeps the torch twin)."""
-    unfiltered = (
-        not (params.top_k is not None and 0 < params.top_k < logits.shape[-1]) and params.top_p >= 1.0
-    )
-    return not params.greedy and unfiltered and logits.is_cuda and logits.dim() == 2 and triton_importable()
+    if params.greedy or logits.dim() != 2 or params.truncates(logits.shape[-1]):
+        return False
+    return logits.is_cuda and triton_importable()
 
 
 def sample_rows(
