@@ -116,6 +116,11 @@ def token_logprobs(
         )
 
 
+def _adam_settings(train: TrainConfig) -> dict:
+    """AdamW's settings from the config but the learning rate (which the warmup schedules)."""
+    return {"betas": tuple(train.adam_betas), "eps": train.adam_eps, "weight_decay": train.weight_decay}
+
+
 class TorchPolicyBackend(PolicyBackend):
     def __init__(
         self,
@@ -147,12 +152,7 @@ class TorchPolicyBackend(PolicyBackend):
         )
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            params,
-            lr=train.lr,
-            betas=tuple(train.adam_betas),
-            eps=train.adam_eps,
-            weight_decay=train.weight_decay,
-            fused=self.device.type == "cuda",
+            params, lr=train.lr, fused=self.device.type == "cuda", **_adam_settings(train)
         )
         warmup = train.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: warmup_factor(s, warmup))
@@ -289,13 +289,7 @@ class TorchPolicyBackend(PolicyBackend):
         self.scheduler.base_lrs = [train.lr] * len(self.optimizer.param_groups)
         lr = train.lr * warmup_factor(self.scheduler.last_epoch, train.warmup_steps)
         for group in self.optimizer.param_groups:
-            group.update(
-                initial_lr=train.lr,
-                lr=lr,
-                betas=tuple(train.adam_betas),
-                eps=train.adam_eps,
-                weight_decay=train.weight_decay,
-            )
+            group.update(initial_lr=train.lr, lr=lr, **_adam_settings(train))
 
     def save_pretrained(self, directory: str, dtype: torch.dtype | None = None) -> None:
         dtype = dtype or torch.bfloat16
