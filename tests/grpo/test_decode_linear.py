@@ -103,7 +103,11 @@ STEP = textwrap.dedent(
     import json
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
+    from slime_gb10.grpo.engines import decode_linear
     from slime_gb10.grpo.engines.torch_engine import StaticDecoder, fuse_projections
+
+    # every projection the kernels can serve, not only those they serve by default
+    decode_linear.PROJECTIONS = frozenset({"qkv", "o", "gate_up", "down", "lm_head"})
 
     def step_logits(device, dtype, kernels):
         torch.manual_seed(0)

@@ -354,3 +354,53 @@ def test_resuming_keeps_the_checkpoints_moments_and_takes_the_configs_lr(tiny_di
     assert lower.train_step([(batch, extras)], _policy_gradient_loss).metrics["lr"] == pytest.approx(
         1e-4, rel=1e-12
     )
+
+
+def test_one_accumulation_pass_weights_metrics_by_tokens_and_checks_the_summed_loss():
+    """Two microbatches of 2 and 3 completion tokens (hand-derived): a metric 1 then 2 averages to
+    (2 + 6) / 5; one NaN in the first microbatch counts only the second, 4 x 3 / 5; one NaN in both
+    is left out; a python number 0.5 then 1 gives (1 + 3) / 5. The losses sum (times loss_scale).
+    A NaN loss discards the gradients and raises after the pass, before any optimizer step."""
+    from slime_gb10.grpo.backends.common import accumulate_gradients
+
+    weight = torch.nn.Parameter(torch.tensor(1.0))
+
+    def batch(tokens):
+        mask = torch.zeros(1, 4, dtype=torch.long)
+        mask[0, :tokens] = 1
+        return TokenBatch(
+            input_ids=torch.zeros(1, 4, dtype=torch.long),
+            attention_mask=torch.ones_like(mask),
+            completion_mask=mask,
+        )
+
+    nan = float("nan")
+    per_batch = iter([(1.0, nan, nan, 0.5, 1.0), (2.0, 4.0, nan, 1.0, 3.0)])
+
+    def loss_fn(logprobs, entropy, b, extras):
+        a, half, never, host, loss = next(per_batch)
+        metrics = {
+            "a": torch.tensor(a),
+            "half": torch.tensor(half),
+            "never": torch.tensor(never),
+            "host": host,
+        }
+        return weight * loss, metrics
+
+    discarded = []
+    micro = [(batch(2), {}), (batch(3), {"loss_scale": 2.0})]
+    total, metrics = accumulate_gradients(
+        micro, device=torch.device("cpu"), forward=lambda b: (None, None), loss_fn=loss_fn,
+        discard_gradients=lambda: discarded.append(True),
+    )  # fmt: skip
+    assert total == pytest.approx(1.0 + 2 * 3.0)
+    assert metrics == pytest.approx({"a": 1.6, "half": 2.4, "host": 0.8})
+    assert float(weight.grad) == pytest.approx(1.0 + 2 * 3.0) and not discarded
+
+    per_batch = iter([(1.0, 1.0, 1.0, 1.0, 1.0), (1.0, 1.0, 1.0, 1.0, nan)])
+    with pytest.raises(NonFiniteError, match="not finite"):
+        accumulate_gradients(
+            micro, device=torch.device("cpu"), forward=lambda b: (None, None), loss_fn=loss_fn,
+            discard_gradients=lambda: discarded.append(True),
+        )  # fmt: skip
+    assert discarded == [True]

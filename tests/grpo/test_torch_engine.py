@@ -496,3 +496,31 @@ def test_compiled_decode_step_gives_the_same_greedy_tokens(tiny_dir, tokenizer):
     decoder = next(iter(compiled._decoders.values()))
     assert decoder.step is not decoder.forward  # the compiled step was used
     assert [g.completion_ids for g in got] == expected
+
+
+def test_decoding_a_batch_of_completions_is_decoding_each(tokenizer, monkeypatch):
+    """SmolLM2's tokenizer takes the one-call batch path (no space clean-up); its texts equal
+    ``decode`` row by row, special tokens (skipped) and byte-level pieces included. A tokenizer that
+    cleans up spaces takes the row-by-row path."""
+    from slime_gb10.grpo.engines.torch_engine import decode_texts
+
+    gen = torch.Generator().manual_seed(3)
+    rows = torch.randint(0, len(tokenizer), (12, 40), generator=gen).tolist()
+    rows[0][:3] = [tokenizer.eos_token_id, tokenizer.bos_token_id or 1, tokenizer.eos_token_id]
+    rows[1] = []
+    want = [tokenizer.decode(row, skip_special_tokens=True) for row in rows]
+    calls = []
+    backend = tokenizer.backend_tokenizer
+
+    class Spy:
+        def decode_batch(self, *args, **kwargs):
+            calls.append(1)
+            return backend.decode_batch(*args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(backend, name)
+
+    monkeypatch.setattr(type(tokenizer), "backend_tokenizer", property(lambda self: Spy()))
+    assert decode_texts(tokenizer, rows) == want and calls == [1]
+    monkeypatch.setattr(tokenizer, "clean_up_tokenization_spaces", True)
+    assert decode_texts(tokenizer, rows) == want and calls == [1]

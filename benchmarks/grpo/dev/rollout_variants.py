@@ -84,16 +84,16 @@ def variant(
     bucket: int,
     kernel: bool,
     gqa_kernel: bool = True,
-    linear: bool = True,
+    projections: frozenset | None = None,
     autotune: bool = False,
     attend=SDPA,
 ):
     import torch._inductor.config as inductor_config
 
     saved = torch_engine.ATTENTION_BUCKET, sampling_kernel.applies, inductor_config.max_autotune_gemm
-    saved_available, saved_linear = decode_attention.available, decode_linear.available
-    if not linear:  # one-token steps' projections through F.linear (cuBLAS)
-        decode_linear.available = lambda *args: False
+    saved_available, saved_projections = decode_attention.available, decode_linear.PROJECTIONS
+    if projections is not None:  # which of the one-token step's projections the kernels run (none: cuBLAS)
+        decode_linear.PROJECTIONS = projections
     if not gqa_kernel:  # one-token steps through StaticDecoder.attend (SDPA unless swapped)
         decode_attention.available = lambda *args: False
     torch_engine.StaticDecoder.attend = staticmethod(attend)
@@ -104,44 +104,46 @@ def variant(
     try:
         yield
     finally:
-        decode_attention.available, decode_linear.available = saved_available, saved_linear
+        decode_attention.available, decode_linear.PROJECTIONS = saved_available, saved_projections
         torch_engine.StaticDecoder.attend = staticmethod(SDPA)
         torch_engine.ATTENTION_BUCKET, sampling_kernel.applies, inductor_config.max_autotune_gemm = saved
 
 
+CUBLAS, ALL = frozenset(), frozenset({"qkv", "o", "gate_up", "down", "lm_head"})
 VARIANTS = {
     "buckets of 64, GQA decode kernel, Triton sampler, cuBLAS projections (session 20)": dict(
-        bucket=64, kernel=True, linear=False
+        bucket=64, kernel=True, projections=CUBLAS
     ),
-    "buckets of 64, GQA decode kernel, Triton sampler, projection kernels (default)": dict(
-        bucket=64, kernel=True
+    "... projection kernels for q/k/v, o, down (default)": dict(bucket=64, kernel=True),
+    "... projection kernels for all (+ gate/up with SwiGLU, LM head)": dict(
+        bucket=64, kernel=True, projections=ALL
     ),
 }
 if os.environ.get("ROLLOUT_VARIANTS_SLOW"):  # each measured once (sessions 19 and 20), not again by default
     VARIANTS["whole cache, SDPA, torch sampler (session 19)"] = dict(
-        bucket=WHOLE_CACHE, kernel=False, gqa_kernel=False, linear=False
+        bucket=WHOLE_CACHE, kernel=False, gqa_kernel=False, projections=CUBLAS
     )
     VARIANTS["whole cache, SDPA, Triton sampler"] = dict(
-        bucket=WHOLE_CACHE, kernel=True, gqa_kernel=False, linear=False
+        bucket=WHOLE_CACHE, kernel=True, gqa_kernel=False, projections=CUBLAS
     )
     VARIANTS["buckets of 64, SDPA, Triton sampler"] = dict(
-        bucket=64, kernel=True, gqa_kernel=False, linear=False
+        bucket=64, kernel=True, gqa_kernel=False, projections=CUBLAS
     )
     VARIANTS["whole cache, GQA decode kernel, Triton sampler"] = dict(
-        bucket=WHOLE_CACHE, kernel=True, linear=False
+        bucket=WHOLE_CACHE, kernel=True, projections=CUBLAS
     )
     VARIANTS["buckets of 128, GQA decode kernel, Triton sampler"] = dict(
-        bucket=128, kernel=True, linear=False
+        bucket=128, kernel=True, projections=CUBLAS
     )
     VARIANTS["buckets of 64, FlexAttention decode"] = dict(
         bucket=64, kernel=True, gqa_kernel=False, attend=flex_decode
     )
     VARIANTS["buckets of 64, SDPA, GEMM autotune"] = dict(
-        bucket=64, kernel=True, gqa_kernel=False, linear=False, autotune=True
+        bucket=64, kernel=True, gqa_kernel=False, projections=CUBLAS, autotune=True
     )
     # session 19's attention formulations (then with the whole cache and the torch sampler): SDPA
     # forced to memory-efficient attention, and GQA as two batched matmuls per KV head
-    slow = dict(bucket=64, kernel=True, gqa_kernel=False, linear=False)
+    slow = dict(bucket=64, kernel=True, gqa_kernel=False, projections=CUBLAS)
     VARIANTS["buckets of 64, SDPA memory-efficient"] = dict(slow, attend=efficient)
     VARIANTS["buckets of 64, grouped bmm, BF16 scores"] = dict(slow, attend=grouped)
     VARIANTS["buckets of 64, grouped bmm, FP32 scores"] = dict(

@@ -1,8 +1,8 @@
 """What every policy backend does the same way: moving a batch, and one gradient-accumulation pass.
 
 Both backends (PyTorch and Megatron-core) run the same microbatch loop: forward to
-logprobs/entropy, the trainer's loss, a finiteness check before ``backward`` (a NaN must never
-reach the optimizer), and token-weighted metrics. Only the forward and "forget the gradients"
+logprobs/entropy, the trainer's loss and its backward, token-weighted metrics, and a finiteness
+check of the summed loss before anything is stepped (a NaN must never reach the optimizer). Only the forward and "forget the gradients"
 differ, so those are the two callables this module takes.
 """
 
@@ -55,26 +55,56 @@ def accumulate_gradients(
 
     ``loss_fn(logprobs, entropy, batch, extras) -> (loss, metrics)`` returns microbatch losses that
     already sum to the minibatch loss (``interfaces.PolicyBackend.train_step``); each is multiplied by
-    ``extras["loss_scale"]`` (default 1). A non-finite loss calls ``discard_gradients`` and raises
-    :class:`NonFiniteError` before anything is stepped.
+    ``extras["loss_scale"]`` (default 1). A metric that is not finite in a microbatch (``kl`` without
+    a reference model) counts as absent there; one absent everywhere is left out.
+
+    Losses and metrics stay on the device until the pass ends: one host round trip per pass, not one
+    per microbatch before its backward (which left the GPU idle while the host caught up, issue #27).
+    A non-finite loss then calls ``discard_gradients`` and raises :class:`NonFiniteError`, so its
+    gradients never reach the optimizer, as the check before each backward ensured.
     """
-    total_loss, weight_total = 0.0, 0.0
-    sums: dict[str, float] = {}
+    losses, weights = [], []
+    on_device: dict[str, list[torch.Tensor]] = {}  # metric -> [v * weight, finite] per microbatch
+    on_host: dict[str, list[tuple[float, torch.Tensor]]] = {}  # python numbers: (v, weight)
     for batch, extras in microbatches:
         batch = batch_to_device(batch, device)
         extras = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in extras.items()}
         logprobs, entropy = forward(batch)
         loss, metrics = loss_fn(logprobs, entropy, batch, extras)
-        scale = float(extras.get("loss_scale", 1.0))
-        if not torch.isfinite(loss.detach()):
-            discard_gradients()
-            raise NonFiniteError(f"the loss is {loss.item()} (not finite)")
-        (loss * scale).backward()
-        total_loss += float(loss.detach()) * scale
-        weight = float(batch.completion_mask.sum())
-        weight_total += weight
+        loss = loss * float(extras.get("loss_scale", 1.0))
+        loss.backward()
+        losses.append(loss.detach().float().reshape(()))
+        weight = batch.completion_mask.sum().float()
+        weights.append(weight)
         for key, value in metrics.items():
-            v = float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
-            if math.isfinite(v):
-                sums[key] = sums.get(key, 0.0) + v * weight
-    return total_loss, {k: v / max(weight_total, 1.0) for k, v in sums.items()}
+            if isinstance(value, torch.Tensor):
+                v = value.detach().float().reshape(())
+                finite = torch.isfinite(v)
+                on_device.setdefault(key, []).append(
+                    torch.stack([torch.where(finite, v * weight, 0.0), finite.float()])
+                )
+            else:
+                on_host.setdefault(key, []).append((float(value), weight))
+    if not losses:
+        return 0.0, {}
+    keys = list(on_device)
+    parts = [torch.stack(losses).sum()[None], torch.stack(weights)]
+    parts += [torch.stack(on_device[key]).sum(0) for key in keys]
+    values = torch.cat(parts).tolist()  # the pass's one host round trip
+    total_loss, per_batch_weight = values[0], values[1 : 1 + len(weights)]
+    weight_total = max(sum(per_batch_weight), 1.0)
+    if not math.isfinite(total_loss):
+        discard_gradients()
+        raise NonFiniteError(f"the loss is {total_loss} (not finite)")
+    sums: dict[str, float] = {}
+    offset = 1 + len(weights)
+    for index, key in enumerate(keys):
+        summed, finite_count = values[offset + 2 * index], values[offset + 2 * index + 1]
+        if finite_count > 0:
+            sums[key] = summed
+    weight_of = {id(w): x for w, x in zip(weights, per_batch_weight)}
+    for key, pairs in on_host.items():
+        finite = [(v, weight_of[id(w)]) for v, w in pairs if math.isfinite(v)]
+        if finite:
+            sums[key] = sums.get(key, 0.0) + sum(v * w for v, w in finite)
+    return total_loss, {k: v / weight_total for k, v in sums.items()}

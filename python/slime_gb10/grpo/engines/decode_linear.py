@@ -29,6 +29,12 @@ from slime_gb10.grpo.engines import triton_importable
 BLOCK_N, BLOCK_T, BLOCK_K, NUM_WARPS, NUM_STAGES = 64, 32, 128, 4, 4
 
 
+#: the decode step's projections the kernels serve: those where they beat cuBLAS on an H100 (q/k/v,
+#: o and down: a few MB each, which cuBLAS spreads over too few tiles); cuBLAS keeps gate/up and the
+#: LM head (``decode_linear_sweep.py`` and ``rollout_variants.py``, BENCHMARKS.md, issue #27)
+PROJECTIONS = frozenset({"qkv", "o", "down"})
+
+
 def reference_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     return torch.nn.functional.linear(x, weight, bias)
 

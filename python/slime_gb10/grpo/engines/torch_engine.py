@@ -155,17 +155,20 @@ class StaticDecoder:
         cos, sin = self.rotary(hidden, position_ids)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B, 1, T, D]
         batch, length = input_ids.shape
-        skinny = length == 1 and self.linear_kernel
-        linear = self._skinny_linear if skinny else self._linear
+        kernels = decode_linear.PROJECTIONS if length == 1 and self.linear_kernel else ()
+
+        def linear(role, x, weight, bias=None):
+            return self._skinny_linear(x, weight, bias) if role in kernels else self._linear(x, weight, bias)
+
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             residual = hidden
             x = layer.input_layernorm(hidden)
             fused = getattr(attn, FUSED_QKV, None)
             if fused is not None:  # one GEMM for q, k and v (see fuse_projections)
-                q, k, v = linear(x, *fused).split(self.splits, dim=-1)
+                q, k, v = linear("qkv", x, *fused).split(self.splits, dim=-1)
             else:
-                q, k, v = linear(x, attn.q_proj), linear(x, attn.k_proj), linear(x, attn.v_proj)
+                q, k, v = (linear("qkv", x, proj) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
             q = q.view(batch, length, self.num_heads, self.head_dim)
             k = k.view(batch, length, self.num_kv_heads, self.head_dim)
             v = v.view(batch, length, self.num_kv_heads, self.head_dim)
@@ -184,10 +187,20 @@ class StaticDecoder:
             else:
                 out = self.attend(q, keys, values, attention_mask, scale)
             out = out.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim)
-            hidden = residual + linear(out, attn.o_proj)
-            hidden = hidden + self._mlp(layer.mlp, layer.post_attention_layernorm(hidden), skinny)
+            hidden = residual + linear("o", out, attn.o_proj)
+            x = layer.post_attention_layernorm(hidden)
+            fused = getattr(layer.mlp, FUSED_GATE_UP, None)
+            if fused is None:
+                hidden = hidden + layer.mlp(x)
+            else:
+                if "gate_up" in kernels and self.silu:  # silu(gate) * up in the GEMM's epilogue
+                    x = decode_linear.swiglu(x, fused)
+                else:
+                    gate, up = torch.nn.functional.linear(x, fused).chunk(2, dim=-1)
+                    x = layer.mlp.act_fn(gate) * up
+                hidden = hidden + linear("down", x, layer.mlp.down_proj)
         last = self.norm(hidden[:, -1, :])
-        return linear(last, self.lm_head)
+        return linear("lm_head", last, self.lm_head)
 
     @staticmethod
     def _linear(x, weight, bias=None) -> torch.Tensor:
@@ -213,15 +226,6 @@ class StaticDecoder:
         return torch.nn.functional.scaled_dot_product_attention(
             q, keys, values, attn_mask=mask, scale=scale, enable_gqa=gqa
         )
-
-    def _mlp(self, mlp, x: torch.Tensor, skinny: bool) -> torch.Tensor:
-        fused = getattr(mlp, FUSED_GATE_UP, None)
-        if fused is None:
-            return mlp(x)
-        if skinny and self.silu:  # silu(gate) * up in the GEMM's epilogue
-            return self._skinny_linear(decode_linear.swiglu(x, fused), mlp.down_proj)
-        gate, up = torch.nn.functional.linear(x, fused).chunk(2, dim=-1)
-        return mlp.down_proj(mlp.act_fn(gate) * up)
 
 
 #: Largest relative error ``|replay - eager| / |eager|`` (L2 over the logits) accepted from a captured
@@ -470,20 +474,17 @@ class TorchRolloutEngine(RolloutEngine):
         return tokens, logprobs, stop_hit
 
     def _finish(self, prompts, tokens, logprobs, stop_hit, params) -> list[Generation]:
-        batch = len(prompts)
         token_rows = torch.stack(tokens, dim=1).cpu().tolist()
         logprob_rows = torch.stack(logprobs, dim=1).float().cpu().tolist()
         eos = set(self.eos_token_ids.tolist())
+        rows = []  # (completion, logprobs, finish reason) up to and including the first EOS
+        for row_tokens, row_logprobs in zip(token_rows, logprob_rows):
+            ends = next((i + 1 for i, tok in enumerate(row_tokens) if tok in eos), None)
+            reason = "length" if ends is None else "stop"
+            rows.append((row_tokens[:ends], row_logprobs[:ends], reason))
+        texts = decode_texts(self.tokenizer, [completion for completion, _, _ in rows])
         generations = []
-        for row in range(batch):
-            completion, row_logprobs, reason = [], [], "length"
-            for tok, lp in zip(token_rows[row], logprob_rows[row]):
-                completion.append(tok)
-                row_logprobs.append(lp)
-                if tok in eos:
-                    reason = "stop"
-                    break
-            text = self.tokenizer.decode(completion, skip_special_tokens=True)
+        for row, ((completion, row_logprobs, reason), text) in enumerate(zip(rows, texts)):
             if stop_hit[row]:
                 reason = "stop"
                 completion, row_logprobs, text = self._cut_at_stop(completion, row_logprobs, params.stop)
@@ -641,6 +642,29 @@ class TorchRolloutEngine(RolloutEngine):
     def shutdown(self) -> None:
         self.model = None
         self._params = {}
+
+
+def decode_texts(tokenizer, rows: list[list[int]]) -> list[str]:
+    """``tokenizer.decode(row, skip_special_tokens=True)`` of every row.
+
+    A ``tokenizers``-backed tokenizer that adds nothing to the Rust decode (no clean-up of
+    spaces, ``_decode`` not overridden) decodes the batch in one Rust call: 160 rows of 512 tokens
+    in ~35 ms on a 2-core CPU against ~80 ms row by row through ``decode`` (issue #27). Any other
+    tokenizer decodes row by row."""
+    try:  # transformers 5's base of tokenizers-backed tokenizers
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:
+        TokenizersBackend = None
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if (
+        TokenizersBackend is not None
+        and isinstance(tokenizer, TokenizersBackend)
+        and backend is not None
+        and type(tokenizer)._decode is TokenizersBackend._decode
+        and not getattr(tokenizer, "clean_up_tokenization_spaces", True)
+    ):
+        return backend.decode_batch(rows, skip_special_tokens=True)
+    return [tokenizer.decode(row, skip_special_tokens=True) for row in rows]
 
 
 def _cache_keyword(model) -> str:
