@@ -3,9 +3,7 @@
 Variants, each a fresh engine (compile, capture and one warm-up rollout before the timed one):
 the torch sampler or the Triton kernel (``engines/sampling_kernel.py``), attention over the whole
 static cache or over buckets of the written slots (``torch_engine.ATTENTION_BUCKET``), SDPA or the
-grouped-query decode kernel (``engines/decode_attention.py``), cuBLAS or the projection kernels
-(``engines/decode_linear.py``; DECODE_LINEAR_CONFIG=best.json takes ``decode_linear_sweep.py``'s
-launch choice); with ROLLOUT_VARIANTS_SLOW=1 also
+grouped-query decode kernel (``engines/decode_attention.py``); with ROLLOUT_VARIANTS_SLOW=1 also
 FlexAttention, inductor's GEMM autotuning and session 19's attention formulations (SDPA forced to
 memory-efficient attention, GQA as two batched matmuls). Prints wall seconds and the mean |logprob| difference
 of the first 32 tokens against the first variant (random-init models sample from nearly uniform
@@ -18,7 +16,6 @@ variants that compute exactly the same).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 from pathlib import Path
@@ -29,12 +26,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/grpo: profile_rollout
 from profile_rollout import new_engine, rollout_setup, timed_generate
 
-from slime_gb10.grpo.engines import decode_attention, decode_linear, sampling_kernel, torch_engine
-
-
-def vars_of(module) -> dict:
-    return {k: getattr(module, k) for k in ("BLOCK_N", "BLOCK_T", "BLOCK_K", "NUM_WARPS", "NUM_STAGES")}
-
+from slime_gb10.grpo.engines import decode_attention, sampling_kernel, torch_engine
 
 WHOLE_CACHE = 1 << 30  # a bucket longer than any cache: attention over the whole buffer
 SDPA = torch_engine.StaticDecoder.attend
@@ -80,20 +72,11 @@ def flex_decode(q, keys, values, mask, scale):
 
 
 @contextlib.contextmanager
-def variant(
-    bucket: int,
-    kernel: bool,
-    gqa_kernel: bool = True,
-    projections: frozenset | None = None,
-    autotune: bool = False,
-    attend=SDPA,
-):
+def variant(bucket: int, kernel: bool, gqa_kernel: bool = True, autotune: bool = False, attend=SDPA):
     import torch._inductor.config as inductor_config
 
     saved = torch_engine.ATTENTION_BUCKET, sampling_kernel.applies, inductor_config.max_autotune_gemm
-    saved_available, saved_projections = decode_attention.available, decode_linear.PROJECTIONS
-    if projections is not None:  # which of the one-token step's projections the kernels run (none: cuBLAS)
-        decode_linear.PROJECTIONS = projections
+    saved_available = decode_attention.available
     if not gqa_kernel:  # one-token steps through StaticDecoder.attend (SDPA unless swapped)
         decode_attention.available = lambda *args: False
     torch_engine.StaticDecoder.attend = staticmethod(attend)
@@ -104,46 +87,29 @@ def variant(
     try:
         yield
     finally:
-        decode_attention.available, decode_linear.PROJECTIONS = saved_available, saved_projections
+        decode_attention.available = saved_available
         torch_engine.StaticDecoder.attend = staticmethod(SDPA)
         torch_engine.ATTENTION_BUCKET, sampling_kernel.applies, inductor_config.max_autotune_gemm = saved
 
 
-CUBLAS, ALL = frozenset(), frozenset({"qkv", "o", "gate_up", "down", "lm_head"})
 VARIANTS = {
-    "buckets of 64, GQA decode kernel, Triton sampler, cuBLAS projections (session 20)": dict(
-        bucket=64, kernel=True, projections=CUBLAS
-    ),
-    "... projection kernels for q/k/v, o, down (default)": dict(bucket=64, kernel=True),
-    "... projection kernels for all (+ gate/up with SwiGLU, LM head)": dict(
-        bucket=64, kernel=True, projections=ALL
-    ),
+    "whole cache, SDPA, torch sampler (session 19)": dict(bucket=WHOLE_CACHE, kernel=False, gqa_kernel=False),
+    "whole cache, SDPA, Triton sampler": dict(bucket=WHOLE_CACHE, kernel=True, gqa_kernel=False),
+    "buckets of 64, SDPA, Triton sampler": dict(bucket=64, kernel=True, gqa_kernel=False),
+    "buckets of 64, GQA decode kernel, Triton sampler (default)": dict(bucket=64, kernel=True),
+    "whole cache, GQA decode kernel, Triton sampler": dict(bucket=WHOLE_CACHE, kernel=True),
+    "buckets of 128, GQA decode kernel, Triton sampler": dict(bucket=128, kernel=True),
 }
-if os.environ.get("ROLLOUT_VARIANTS_SLOW"):  # each measured once (sessions 19 and 20), not again by default
-    VARIANTS["whole cache, SDPA, torch sampler (session 19)"] = dict(
-        bucket=WHOLE_CACHE, kernel=False, gqa_kernel=False, projections=CUBLAS
-    )
-    VARIANTS["whole cache, SDPA, Triton sampler"] = dict(
-        bucket=WHOLE_CACHE, kernel=True, gqa_kernel=False, projections=CUBLAS
-    )
-    VARIANTS["buckets of 64, SDPA, Triton sampler"] = dict(
-        bucket=64, kernel=True, gqa_kernel=False, projections=CUBLAS
-    )
-    VARIANTS["whole cache, GQA decode kernel, Triton sampler"] = dict(
-        bucket=WHOLE_CACHE, kernel=True, projections=CUBLAS
-    )
-    VARIANTS["buckets of 128, GQA decode kernel, Triton sampler"] = dict(
-        bucket=128, kernel=True, projections=CUBLAS
-    )
+if os.environ.get("ROLLOUT_VARIANTS_SLOW"):  # measured once (session 20: 37-56 s against 0.85 s), not again
     VARIANTS["buckets of 64, FlexAttention decode"] = dict(
         bucket=64, kernel=True, gqa_kernel=False, attend=flex_decode
     )
     VARIANTS["buckets of 64, SDPA, GEMM autotune"] = dict(
-        bucket=64, kernel=True, gqa_kernel=False, projections=CUBLAS, autotune=True
+        bucket=64, kernel=True, gqa_kernel=False, autotune=True
     )
     # session 19's attention formulations (then with the whole cache and the torch sampler): SDPA
     # forced to memory-efficient attention, and GQA as two batched matmuls per KV head
-    slow = dict(bucket=64, kernel=True, gqa_kernel=False, projections=CUBLAS)
+    slow = dict(bucket=64, kernel=True, gqa_kernel=False)
     VARIANTS["buckets of 64, SDPA memory-efficient"] = dict(slow, attend=efficient)
     VARIANTS["buckets of 64, grouped bmm, BF16 scores"] = dict(slow, attend=grouped)
     VARIANTS["buckets of 64, grouped bmm, FP32 scores"] = dict(
@@ -153,10 +119,6 @@ if os.environ.get("ROLLOUT_VARIANTS_SLOW"):  # each measured once (sessions 19 a
 
 def main() -> None:
     args, tokenizer, prompts, params = rollout_setup(__doc__.splitlines()[0])
-    if os.environ.get("DECODE_LINEAR_CONFIG"):  # decode_linear_sweep.py --json: its chosen launch
-        for name, value in json.loads(Path(os.environ["DECODE_LINEAR_CONFIG"]).read_text()).items():
-            setattr(decode_linear, name, value)
-        print("projection kernels:", os.environ["DECODE_LINEAR_CONFIG"], vars_of(decode_linear))
     rows, reference = [], None
     for name, options in VARIANTS.items():
         torch._dynamo.reset()

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from slime_gb10.grpo.engines import decode_attention, decode_linear
+from slime_gb10.grpo.engines import decode_attention
 from slime_gb10.grpo.engines.sampling import row_uniforms, sample_next_token
 from slime_gb10.grpo.interfaces import Generation, RolloutEngine, SamplingParams
 
@@ -133,9 +133,6 @@ class StaticDecoder:
         self.decode_kernel = decode_attention.available(
             param.device, param.dtype, self.num_heads, self.num_kv_heads, self.head_dim
         )
-        # ... and their projections through the skinny-GEMM kernels (decode_linear.py)
-        self.linear_kernel = decode_linear.available(param.device, param.dtype)
-        self.silu = getattr(config, "hidden_act", None) == "silu"
         self.step = self.forward  # the one-token decode step; torch.compile'd when the engine says so
 
     def forward(
@@ -155,20 +152,15 @@ class StaticDecoder:
         cos, sin = self.rotary(hidden, position_ids)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B, 1, T, D]
         batch, length = input_ids.shape
-        kernels = decode_linear.PROJECTIONS if length == 1 and self.linear_kernel else ()
-
-        def linear(role, x, weight, bias=None):
-            return self._skinny_linear(x, weight, bias) if role in kernels else self._linear(x, weight, bias)
-
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             residual = hidden
             x = layer.input_layernorm(hidden)
             fused = getattr(attn, FUSED_QKV, None)
             if fused is not None:  # one GEMM for q, k and v (see fuse_projections)
-                q, k, v = linear("qkv", x, *fused).split(self.splits, dim=-1)
+                q, k, v = torch.nn.functional.linear(x, *fused).split(self.splits, dim=-1)
             else:
-                q, k, v = (linear("qkv", x, proj) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+                q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
             q = q.view(batch, length, self.num_heads, self.head_dim)
             k = k.view(batch, length, self.num_kv_heads, self.head_dim)
             v = v.view(batch, length, self.num_kv_heads, self.head_dim)
@@ -187,36 +179,10 @@ class StaticDecoder:
             else:
                 out = self.attend(q, keys, values, attention_mask, scale)
             out = out.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim)
-            hidden = residual + linear("o", out, attn.o_proj)
-            x = layer.post_attention_layernorm(hidden)
-            fused = getattr(layer.mlp, FUSED_GATE_UP, None)
-            if fused is None:
-                hidden = hidden + layer.mlp(x)
-            else:
-                if "gate_up" in kernels and self.silu:  # silu(gate) * up in the GEMM's epilogue
-                    x = decode_linear.swiglu(x, fused)
-                else:
-                    gate, up = torch.nn.functional.linear(x, fused).chunk(2, dim=-1)
-                    x = layer.mlp.act_fn(gate) * up
-                hidden = hidden + linear("down", x, layer.mlp.down_proj)
+            hidden = residual + attn.o_proj(out)
+            hidden = hidden + self._mlp(layer.mlp, layer.post_attention_layernorm(hidden))
         last = self.norm(hidden[:, -1, :])
-        return linear("lm_head", last, self.lm_head)
-
-    @staticmethod
-    def _linear(x, weight, bias=None) -> torch.Tensor:
-        """``weight``: a matrix (with its ``bias``) or an ``nn.Linear``, which runs as itself."""
-        if isinstance(weight, torch.nn.Module):
-            return weight(x)
-        return torch.nn.functional.linear(x, weight, bias)
-
-    @staticmethod
-    def _skinny_linear(x, weight, bias=None) -> torch.Tensor:
-        """:meth:`_linear` through :func:`decode_linear.project` (a plain ``nn.Linear`` only)."""
-        if isinstance(weight, torch.nn.Module):
-            if type(weight) is not torch.nn.Linear:
-                return weight(x)
-            weight, bias = weight.weight, weight.bias
-        return decode_linear.project(x, weight, bias)
+        return self.lm_head(last)
 
     @staticmethod
     def attend(q, keys, values, mask, scale) -> torch.Tensor:
@@ -226,6 +192,14 @@ class StaticDecoder:
         return torch.nn.functional.scaled_dot_product_attention(
             q, keys, values, attn_mask=mask, scale=scale, enable_gqa=gqa
         )
+
+    @staticmethod
+    def _mlp(mlp, x: torch.Tensor) -> torch.Tensor:
+        fused = getattr(mlp, FUSED_GATE_UP, None)
+        if fused is None:
+            return mlp(x)
+        gate, up = torch.nn.functional.linear(x, fused).chunk(2, dim=-1)
+        return mlp.down_proj(mlp.act_fn(gate) * up)
 
 
 #: Largest relative error ``|replay - eager| / |eager|`` (L2 over the logits) accepted from a captured
