@@ -73,6 +73,53 @@ def test_matches_naive_float64(n, h, v, chunk, token_chunk, temperature, bias):
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
 
 
+@pytest.mark.parametrize(
+    ("n", "h", "v", "chunk", "token_chunk", "temperature", "bias", "outputs"),
+    [
+        (37, 16, 1000, 128, 16, 1.0, False, "both"),
+        (5, 8, 301, 64, 4096, 0.7, True, "both"),
+        (21, 8, 301, 64, 8, 1.0, True, "logprobs"),  # no entropy gradient
+        (21, 8, 301, 64, 8, 1.3, False, "entropy"),  # no logprob gradient
+    ],
+)
+def test_compiled_blocks_match_naive_float64(n, h, v, chunk, token_chunk, temperature, bias, outputs):
+    """Each block's arithmetic through ``torch.compile`` (``aot_eager``: Dynamo's and AOTAutograd's
+    tracing without code generation, which needs no C++ toolchain here; inductor is the GPU test's)
+    gives the float64 reference's values and gradients, ragged last blocks and all."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    hidden, weight, b, targets = make_inputs(n, h, v, bias=bias, seed=n + 1)
+    options = dict(temperature=temperature, chunk_size=chunk, token_chunk_size=token_chunk, lm_head_bias=b)
+    lp, ent = chunked_logprobs_entropy(hidden, weight, targets, compile_backend="aot_eager", **options)
+    ref_lp, ref_ent = naive_logprobs_entropy(hidden, weight, targets, temperature=temperature, lm_head_bias=b)
+    torch.testing.assert_close(lp, ref_lp, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(ent, ref_ent, rtol=1e-10, atol=1e-10)
+    g = torch.Generator().manual_seed(2)
+    a_lp, a_ent = (
+        torch.randn(n, generator=g, dtype=torch.float64),
+        torch.randn(n, generator=g, dtype=torch.float64),
+    )
+    pick = {"both": (1, 1), "logprobs": (1, 0), "entropy": (0, 1)}[outputs]
+
+    def loss(lp, ent):
+        terms = []
+        if pick[0]:
+            terms.append((a_lp * lp).sum())
+        if pick[1]:
+            terms.append((a_ent * ent).sum())
+        return sum(terms)
+
+    inputs = [hidden, weight] + ([b] if b is not None else [])
+    ours = torch.autograd.grad(loss(lp, ent), inputs)
+    ref = torch.autograd.grad(loss(ref_lp, ref_ent), inputs)
+    for got, want in zip(ours, ref):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
+    assert counters["stats"]["unique_graphs"] >= 2  # the statistics and the gradient were traced
+    torch._dynamo.reset()
+
+
 def test_gradcheck_float64():
     hidden, weight, b, targets = make_inputs(6, 4, 11, bias=True, seed=3)
 
@@ -338,11 +385,12 @@ def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.gpu
-def test_cuda_qwen_vocab_matches_naive_with_bounded_peak_memory():
+@pytest.mark.parametrize("compile_backend", [None, "inductor"])
+def test_cuda_qwen_vocab_matches_naive_with_bounded_peak_memory(compile_backend):
     """Qwen2.5-0.5B's LM head shape (V = 151,936, H = 896) in bf16 on 2,048 tokens: the chunked
-    path agrees with the naive one, and its peak extra memory (beyond the unavoidable [V, H]
-    weight gradient) is far below one fp32 [N, V] logits tensor, which the naive path needs
-    several of."""
+    path (eager, and each block compiled by inductor as the torch backend runs it on a GPU) agrees
+    with the naive one, and its peak extra memory (beyond the unavoidable [V, H] weight gradient)
+    is far below one fp32 [N, V] logits tensor, which the naive path needs several of."""
     dev = torch.device("cuda")
     torch.manual_seed(0)
     n, h, v = 2048, 896, 151936
@@ -369,7 +417,14 @@ def test_cuda_qwen_vocab_matches_naive_with_bounded_peak_memory():
 
     ours, ours_peak = peak(
         lambda: run(
-            lambda: chunked_logprobs_entropy(hidden, weight, targets, chunk_size=4096, token_chunk_size=1024)
+            lambda: chunked_logprobs_entropy(
+                hidden,
+                weight,
+                targets,
+                chunk_size=4096,
+                token_chunk_size=1024,
+                compile_backend=compile_backend,
+            )
         )
     )
     ref, ref_peak = peak(lambda: run(lambda: naive_logprobs_entropy(hidden, weight, targets)))

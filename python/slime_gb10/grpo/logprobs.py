@@ -32,6 +32,8 @@ pure-torch reference of full ``[N, V]`` logits (``tests/grpo/test_logprobs.py``)
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -65,10 +67,81 @@ def matmul_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     return torch.promote_types(hidden.dtype, weight.dtype)
 
 
+def chunk_statistics(h, w, b, targets, first: int, temperature: float, mm: torch.dtype, acc: torch.dtype):
+    """One block of tokens against one chunk of the vocabulary (rows ``first ...`` of the LM head):
+    the chunk's max logit ``c``, ``sum exp(z - c)``, ``sum exp(z - c) (z - c)`` and the logit of
+    each target inside the chunk (0 elsewhere), each ``[tokens]`` in ``acc``."""
+    z = _chunk_logits(h, w, b, temperature, mm, acc)
+    inside = (targets >= first) & (targets < first + z.shape[1])
+    local = (targets - first).clamp(0, z.shape[1] - 1)
+    target_logit = torch.where(inside, z.gather(1, local[:, None]).squeeze(1), 0.0)
+    peak = z.amax(dim=1)
+    shifted = z - peak[:, None]
+    e = torch.exp(shifted)
+    return peak, e.sum(dim=1), (e * shifted).sum(dim=1), target_logit
+
+
+def chunk_gradient(
+    h,
+    w,
+    b,
+    targets,
+    first: int,
+    lse,
+    entropy,
+    grad_logprobs,
+    grad_entropy,
+    temperature: float,
+    mm,
+    acc,
+    with_bias,
+):
+    """d loss / d logits of one block of tokens against one vocabulary chunk, in ``mm`` (and summed
+    over the tokens in ``acc`` when ``with_bias``): ``(1[j = target] - p_j) * grad_logprobs -
+    p_j (log p_j + H) * grad_entropy``, over the temperature (either gradient may be None)."""
+    logp = _chunk_logits(h, w, b, temperature, mm, acc) - lse[:, None]
+    p = torch.exp(logp)
+    if grad_logprobs is not None:
+        inside = (targets >= first) & (targets < first + p.shape[1])
+        local = (targets - first).clamp(0, p.shape[1] - 1)
+        g = (p * -grad_logprobs[:, None]).scatter_add(
+            1, local[:, None], torch.where(inside, grad_logprobs, 0.0)[:, None]
+        )
+    else:
+        g = torch.zeros_like(p)
+    if grad_entropy is not None:
+        g = g - (logp + entropy[:, None]) * p * grad_entropy[:, None]
+    if temperature != 1.0:
+        g = g / temperature
+    return g.to(mm), (g.sum(dim=0) if with_bias else None)
+
+
+@functools.cache
+def _compiled(backend: str):
+    """:func:`chunk_statistics` and :func:`chunk_gradient` through ``torch.compile`` (dynamic
+    shapes: the last blocks are shorter): inductor fuses each into the matmul and one or two
+    kernels, instead of eager's ~10 passes over FP32 copies of the ``[tokens, chunk]`` logits (in
+    a training step of shape B on an H100 those passes were ~15% of the step, issue #27)."""
+    return (
+        torch.compile(chunk_statistics, dynamic=True, backend=backend),
+        torch.compile(chunk_gradient, dynamic=True, backend=backend),
+    )
+
+
 class _ChunkedLogprobsEntropy(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx, hidden, weight, bias, targets, temperature, chunk_size, token_chunk_size, with_entropy, mm
+        ctx,
+        hidden,
+        weight,
+        bias,
+        targets,
+        temperature,
+        chunk_size,
+        token_chunk_size,
+        with_entropy,
+        mm,
+        backend,
     ):
         with torch.autocast(hidden.device.type, enabled=False):
             return _ChunkedLogprobsEntropy._forward(
@@ -82,45 +155,50 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
                 token_chunk_size,
                 with_entropy,
                 mm,
+                backend,
             )
 
     @staticmethod
     def _forward(
-        ctx, hidden, weight, bias, targets, temperature, chunk_size, token_chunk_size, with_entropy, mm
+        ctx,
+        hidden,
+        weight,
+        bias,
+        targets,
+        temperature,
+        chunk_size,
+        token_chunk_size,
+        with_entropy,
+        mm,
+        backend,
     ):
         acc = _acc_dtype(mm)
+        statistics = _compiled(backend)[0] if backend else chunk_statistics
         n = hidden.shape[0]
         vocab = weight.shape[0]
+        head = weight.to(mm)  # cast once, not once per block
         logprobs = torch.empty(n, dtype=acc, device=hidden.device)
         lse = torch.empty(n, dtype=acc, device=hidden.device)
         entropy = torch.empty(n if with_entropy else 0, dtype=acc, device=hidden.device)
         for t0 in range(0, n, token_chunk_size):
             t1 = min(n, t0 + token_chunk_size)
-            h = hidden[t0:t1]
-            tgt = targets[t0:t1]
-            m = s = q = None
-            target_logit = torch.zeros(t1 - t0, dtype=acc, device=hidden.device)
+            h, tgt = hidden[t0:t1], targets[t0:t1]
+            m = s = q = target_logit = None
             for v0 in range(0, vocab, chunk_size):
                 v1 = min(vocab, v0 + chunk_size)
-                z = _chunk_logits(
-                    h, weight[v0:v1], None if bias is None else bias[v0:v1], temperature, mm, acc
+                b = None if bias is None else bias[v0:v1]
+                chunk_m, chunk_s, chunk_q, chunk_target = statistics(
+                    h, head[v0:v1], b, tgt, v0, temperature, mm, acc
                 )
-                in_chunk = (tgt >= v0) & (tgt < v1)
-                local = (tgt - v0).clamp(0, v1 - v0 - 1)
-                target_logit = torch.where(in_chunk, z.gather(1, local[:, None]).squeeze(1), target_logit)
-                chunk_max = z.amax(dim=1)
-                new_m = chunk_max if m is None else torch.maximum(m, chunk_max)
-                z.sub_(new_m[:, None])  # z - m <= 0 from here on
-                e = torch.exp(z)
-                chunk_s = e.sum(dim=1)
-                chunk_q = e.mul_(z).sum(dim=1) if with_entropy else None  # sum exp(z - m) (z - m)
                 if m is None:
-                    s, q = chunk_s, chunk_q
-                else:
-                    scale = torch.exp(m - new_m)
-                    if with_entropy:
-                        q = (q + s * (m - new_m)) * scale + chunk_q
-                    s = s * scale + chunk_s
+                    m, s, q, target_logit = chunk_m, chunk_s, chunk_q, chunk_target
+                    continue
+                target_logit = target_logit + chunk_target  # each target is in exactly one chunk
+                new_m = torch.maximum(m, chunk_m)
+                old, new = torch.exp(m - new_m), torch.exp(chunk_m - new_m)
+                # sum exp(z - new_m)(z - new_m) = sum exp(z - c) (z - c + c - new_m) exp(c - new_m)
+                q = (q + s * (m - new_m)) * old + (chunk_q + chunk_s * (chunk_m - new_m)) * new
+                s = s * old + chunk_s * new
                 m = new_m
             log_s = torch.log(s)
             lse[t0:t1] = m + log_s
@@ -133,6 +211,7 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
         ctx.token_chunk_size = token_chunk_size
         ctx.with_entropy = with_entropy
         ctx.mm = mm
+        ctx.backend = backend
         ctx.set_materialize_grads(False)
         if not with_entropy:
             ctx.mark_non_differentiable(entropy)
@@ -151,10 +230,15 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
         if not ctx.with_entropy or (grad_entropy is not None and grad_entropy.numel() == 0):
             grad_entropy = None
         if grad_logprobs is None and grad_entropy is None:
-            return None, None, None, None, None, None, None, None, None
+            return (None,) * 10
         acc, mm = lse.dtype, ctx.mm
+        gradient = _compiled(ctx.backend)[1] if ctx.backend else chunk_gradient
         n, vocab = hidden.shape[0], weight.shape[0]
         temperature, cs, tcs = ctx.temperature, ctx.chunk_size, ctx.token_chunk_size
+        head = weight.to(mm)
+        hidden_mm = hidden.to(mm)
+        glp_all = None if grad_logprobs is None else grad_logprobs.to(acc)
+        gent_all = None if grad_entropy is None else grad_entropy.to(acc)
         grad_hidden = (
             torch.zeros(n, hidden.shape[1], dtype=acc, device=hidden.device) if need_hidden else None
         )
@@ -162,7 +246,7 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
         grad_bias = torch.empty_like(bias) if need_bias else None
         for v0 in range(0, vocab, cs):
             v1 = min(vocab, v0 + cs)
-            w = weight[v0:v1]
+            w = head[v0:v1]
             b = None if bias is None else bias[v0:v1]
             gw = (
                 torch.zeros(v1 - v0, weight.shape[1], dtype=acc, device=weight.device)
@@ -172,38 +256,35 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
             gb = torch.zeros(v1 - v0, dtype=acc, device=weight.device) if need_bias else None
             for t0 in range(0, n, tcs):
                 t1 = min(n, t0 + tcs)
-                h = hidden[t0:t1]
-                logp = _chunk_logits(h, w, b, temperature, mm, acc).sub_(lse[t0:t1, None])
-                p = torch.exp(logp)
-                if grad_logprobs is not None:
-                    glp = grad_logprobs[t0:t1].to(acc)
-                    g = p * (-glp[:, None])
-                    tgt = targets[t0:t1]
-                    in_chunk = (tgt >= v0) & (tgt < v1)
-                    local = (tgt - v0).clamp(0, v1 - v0 - 1)
-                    g.scatter_add_(
-                        1, local[:, None], torch.where(in_chunk, glp, torch.zeros_like(glp))[:, None]
-                    )
-                else:
-                    g = torch.zeros_like(p)
-                if grad_entropy is not None:  # g -= dH * p * (log p + H), reusing logp's memory
-                    g.sub_(logp.add_(entropy[t0:t1, None]).mul_(p).mul_(grad_entropy[t0:t1, None].to(acc)))
-                if temperature != 1.0:
-                    g.div_(temperature)
-                g_mm = g.to(mm)
+                h = hidden_mm[t0:t1]
+                g_mm, g_sum = gradient(
+                    h,
+                    w,
+                    b,
+                    targets[t0:t1],
+                    v0,
+                    lse[t0:t1],
+                    entropy[t0:t1] if gent_all is not None else None,
+                    None if glp_all is None else glp_all[t0:t1],
+                    None if gent_all is None else gent_all[t0:t1],
+                    temperature,
+                    mm,
+                    acc,
+                    need_bias,
+                )
                 if need_hidden:
-                    grad_hidden[t0:t1] += (g_mm @ w.to(mm)).to(acc)
+                    grad_hidden[t0:t1] += (g_mm @ w).to(acc)
                 if need_weight:
-                    gw += (g_mm.T @ h.to(mm)).to(acc)
+                    gw += (g_mm.T @ h).to(acc)
                 if need_bias:
-                    gb += g.sum(dim=0)
+                    gb += g_sum
             if need_weight:
                 grad_weight[v0:v1] = gw.to(weight.dtype)
             if need_bias:
                 grad_bias[v0:v1] = gb.to(bias.dtype)
         if need_hidden:
             grad_hidden = grad_hidden.to(hidden.dtype)
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None, None
 
 
 def chunked_logprobs_entropy(
@@ -216,6 +297,7 @@ def chunked_logprobs_entropy(
     with_entropy: bool = True,
     lm_head_bias: torch.Tensor | None = None,
     token_chunk_size: int = 4096,
+    compile_backend: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``log softmax(hidden @ W.T / T)[target]`` and the entropy per row, without ``[N, V]`` logits.
 
@@ -226,6 +308,8 @@ def chunked_logprobs_entropy(
     Differentiable w.r.t. ``hidden``, ``lm_head_weight`` and ``lm_head_bias`` (first order); the
     backward recomputes the logits chunk by chunk. Peak extra memory is about
     ``4 * token_chunk_size * chunk_size`` floats (plus the gradients themselves), independent of ``V``.
+    ``compile_backend`` (``"inductor"`` on a GPU): each block's arithmetic through ``torch.compile``
+    (:func:`chunk_statistics`, :func:`chunk_gradient`); None: eager.
     """
     if hidden.dim() != 2 or lm_head_weight.dim() != 2 or hidden.shape[1] != lm_head_weight.shape[1]:
         raise ValueError(
@@ -261,6 +345,7 @@ def chunked_logprobs_entropy(
         token_chunk_size,
         with_entropy,
         mm,
+        compile_backend,
     )
     return logprobs, (entropy if with_entropy else None)
 

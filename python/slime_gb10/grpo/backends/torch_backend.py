@@ -73,10 +73,12 @@ def token_logprobs(
     with_entropy: bool,
     autocast_dtype: torch.dtype | None,
     chunk_size: int = 4096,
+    compile_backend: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``[B, T]`` logprobs (and entropy) of ``batch.input_ids[:, t]`` predicted at ``t - 1``.
 
     Zero where ``completion_mask`` is 0. Differentiable when called with grad enabled.
+    ``compile_backend``: the LM head's blocks through ``torch.compile`` (``logprobs.py``).
     """
     input_ids, attention_mask = batch.input_ids, batch.attention_mask
     device_type = input_ids.device.type
@@ -113,6 +115,7 @@ def token_logprobs(
             chunk_size=chunk_size,
             with_entropy=with_entropy,
             lm_head_bias=getattr(head, "bias", None),
+            compile_backend=compile_backend,
         )
 
 
@@ -160,6 +163,7 @@ class TorchPolicyBackend(PolicyBackend):
         # compile_backend: the torch.compile backend of the decoder layers ("inductor"), None: the
         # plain layers. The CPU tests pass "eager" (Dynamo's tracing without a C++ toolchain).
         self.compiled = bool(compile_backend) and compile_decoder_layers(self.model, compile_backend) > 0
+        self.compile_backend = compile_backend
         self._compile_proven = False  # set by the first train step that ran compiled
         self.grad_sync = (
             None  # set by the trainer under torchrun (distributed.DistContext.all_reduce_gradients)
@@ -167,6 +171,11 @@ class TorchPolicyBackend(PolicyBackend):
 
     def stats(self) -> dict[str, float]:
         return {"compiled": float(self.compiled)}
+
+    def _head_backend(self) -> str | None:
+        """The compile backend of the chunked LM-head arithmetic: the layers' while they run compiled
+        (a compile failure turns both off, :meth:`_compiled_or_plain`)."""
+        return self.compile_backend if self.compiled else None
 
     def _compiled_or_plain(self, run, *, proves: bool = False):
         """``run()``; if the compiled layers fail before a train step has proven them, once more
@@ -208,6 +217,7 @@ class TorchPolicyBackend(PolicyBackend):
                 temperature=self.temperature,
                 with_entropy=with_entropy,
                 autocast_dtype=self.autocast_dtype,
+                compile_backend=self._head_backend(),
             )
         )
 
@@ -239,6 +249,7 @@ class TorchPolicyBackend(PolicyBackend):
                     temperature=self.temperature,
                     with_entropy=True,
                     autocast_dtype=self.autocast_dtype,
+                    compile_backend=self._head_backend(),
                 ),
                 loss_fn=loss_fn,
                 discard_gradients=lambda: self.optimizer.zero_grad(set_to_none=True),
