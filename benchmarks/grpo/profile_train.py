@@ -1,7 +1,8 @@
 """Where a training step's time goes: torch.profiler over one ``TorchPolicyBackend.train_step`` of a
 ``bench grpo`` shape's random-init model (written by ``slime-gb10 bench grpo --work-dir``) on a
 fixed batch (``--sequences`` rows of a ``--prompt-tokens`` prompt and ``--new-tokens`` completion),
-with the plain and/or the compiled decoder layers: step time, MFU against 6·N·tokens, top kernels.
+with the plain and/or the compiled decoder layers (and with compiled layers, the chunked LM head's
+arithmetic compiled and/or eager): step time, MFU against 6·N·tokens, top kernels.
 
     python benchmarks/grpo/profile_train.py WORK_DIR/model-B --sequences 160 --micro-batch 64 --compile both
 """
@@ -56,21 +57,31 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=64)
     parser.add_argument("--compile", choices=["off", "on", "both"], default="both")
     parser.add_argument("--rows", type=int, default=14, help="kernels shown per profile")
+    parser.add_argument(
+        "--head",
+        choices=["compiled", "eager", "both"],
+        default="compiled",
+        help="the chunked LM head's arithmetic with compiled layers: compiled (the default), eager, or each",
+    )
     args = parser.parse_args()
     tokenizer = load_tokenizer(args.model)
     micro = microbatches(tokenizer, args)
     tokens = sum(int(b.attention_mask.sum()) for b, _ in micro)
     loss_fn = algo.GRPOLoss.from_config(AlgoConfig(), args.new_tokens)
     peak = torch.cuda.get_device_properties(0)
-    variants = {"off": [None], "on": ["inductor"], "both": [None, "inductor"]}[args.compile]
+    layers = {"off": [None], "on": ["inductor"], "both": [None, "inductor"]}[args.compile]
+    heads = {"compiled": [True], "eager": [False], "both": [False, True]}[args.head]
+    variants = [(name, head) for name in layers for head in (heads if name else [False])]
     summary = []
-    for backend_name in variants:
+    for backend_name, head_compiled in variants:
         torch._dynamo.reset()
         model = load_causal_lm(args.model, dtype=torch.float32)
         backend = TorchPolicyBackend(
             model, tokenizer, "cuda", train=TrainConfig(lr=1e-6), autocast_dtype=torch.bfloat16,
             compile_backend=backend_name,
         )  # fmt: skip
+        if not head_compiled:
+            backend._head_backend = lambda: None
         start = time.perf_counter()
         backend.train_step(micro, loss_fn)  # compile + autotune + allocator warm-up
         torch.cuda.synchronize()
@@ -89,6 +100,7 @@ def main() -> None:
         step = sorted(times)[1]
         tflops = 6 * backend.num_parameters * tokens / step / 1e12
         label = f"compiled ({backend_name})" if backend.compiled else "plain"
+        label += ", LM head compiled" if head_compiled and backend.compiled else ", LM head eager"
         print(f"== {label}: first step {first:.1f} s, median {step:.3f} s, GPU busy {busy:.3f} s, "
               f"6N {tflops:.0f} TFLOP/s, peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")  # fmt: skip
         print(events.table(sort_by="self_device_time_total", row_limit=args.rows, max_name_column_width=70))
