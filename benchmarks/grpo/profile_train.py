@@ -17,6 +17,7 @@ from profile_rollout import gpu_busy_s  # the sibling script (benchmarks/grpo/ i
 from torch.profiler import ProfilerActivity, profile
 
 from slime_gb10.grpo import algo
+from slime_gb10.grpo.backends import torch_backend
 from slime_gb10.grpo.backends.torch_backend import TorchPolicyBackend
 from slime_gb10.grpo.batching import Sample, collate, split_microbatches
 from slime_gb10.grpo.config import AlgoConfig, TrainConfig
@@ -63,6 +64,12 @@ def main() -> None:
         default="compiled",
         help="the chunked LM head's arithmetic with compiled layers: compiled (the default), eager, or each",
     )
+    parser.add_argument(
+        "--head-chunks",
+        default=None,
+        help="comma-separated vocabulary chunks of the compiled head to compare",
+    )
+    parser.add_argument("--sort", choices=["gpu", "cpu"], default="gpu", help="the kernel table's order")
     args = parser.parse_args()
     tokenizer = load_tokenizer(args.model)
     micro = microbatches(tokenizer, args)
@@ -71,9 +78,17 @@ def main() -> None:
     peak = torch.cuda.get_device_properties(0)
     layers = {"off": [None], "on": ["inductor"], "both": [None, "inductor"]}[args.compile]
     heads = {"compiled": [True], "eager": [False], "both": [False, True]}[args.head]
-    variants = [(name, head) for name in layers for head in (heads if name else [False])]
+    chunks = [int(c) for c in args.head_chunks.split(",")] if args.head_chunks else [None]
+    variants = [
+        (name, head, chunk)
+        for name in layers
+        for head in (heads if name else [False])
+        for chunk in (chunks if name and head else [None])
+    ]
     summary = []
-    for backend_name, head_compiled in variants:
+    for backend_name, head_compiled, chunk in variants:
+        if chunk is not None:
+            torch_backend.COMPILED_HEAD_CHUNK = chunk
         torch._dynamo.reset()
         model = load_causal_lm(args.model, dtype=torch.float32)
         backend = TorchPolicyBackend(
@@ -100,10 +115,15 @@ def main() -> None:
         step = sorted(times)[1]
         tflops = 6 * backend.num_parameters * tokens / step / 1e12
         label = f"compiled ({backend_name})" if backend.compiled else "plain"
-        label += ", LM head compiled" if head_compiled and backend.compiled else ", LM head eager"
+        label += (
+            f", LM head compiled ({torch_backend.COMPILED_HEAD_CHUNK})"
+            if head_compiled and backend.compiled
+            else ", LM head eager"
+        )
         print(f"== {label}: first step {first:.1f} s, median {step:.3f} s, GPU busy {busy:.3f} s, "
               f"6N {tflops:.0f} TFLOP/s, peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")  # fmt: skip
-        print(events.table(sort_by="self_device_time_total", row_limit=args.rows, max_name_column_width=70))
+        sort = "self_device_time_total" if args.sort == "gpu" else "self_cpu_time_total"
+        print(events.table(sort_by=sort, row_limit=args.rows, max_name_column_width=70))
         summary.append((label, step, tflops, first))
         del backend, model
         torch.cuda.empty_cache()

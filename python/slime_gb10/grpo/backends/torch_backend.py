@@ -35,6 +35,12 @@ from slime_gb10.grpo.logprobs import sequence_logprobs_entropy, unsupported_lm_h
 log = logging.getLogger(__name__)
 
 
+#: vocabulary rows per block of the compiled LM head: a compiled block keeps only its BF16 logits
+#: (no FP32 copies), so it can be 4x wider than the eager path's 4096, and each block costs the host
+#: a guarded call (a training step of shape B runs ~500 of them with 4096; issue #27)
+COMPILED_HEAD_CHUNK = 16384
+
+
 def _decoder(model):
     """The HF model without its LM head (``model.model`` for Llama/Qwen)."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
@@ -72,14 +78,17 @@ def token_logprobs(
     temperature: float,
     with_entropy: bool,
     autocast_dtype: torch.dtype | None,
-    chunk_size: int = 4096,
+    chunk_size: int | None = None,
     compile_backend: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``[B, T]`` logprobs (and entropy) of ``batch.input_ids[:, t]`` predicted at ``t - 1``.
 
     Zero where ``completion_mask`` is 0. Differentiable when called with grad enabled.
-    ``compile_backend``: the LM head's blocks through ``torch.compile`` (``logprobs.py``).
+    ``compile_backend``: the LM head's blocks through ``torch.compile`` (``logprobs.py``), in
+    vocabulary chunks of :data:`COMPILED_HEAD_CHUNK` (else 4096) unless ``chunk_size`` says.
     """
+    if chunk_size is None:
+        chunk_size = COMPILED_HEAD_CHUNK if compile_backend else 4096
     input_ids, attention_mask = batch.input_ids, batch.attention_mask
     device_type = input_ids.device.type
     autocast = (
