@@ -67,7 +67,7 @@ def main() -> None:
     print(
         f"decode={engine.decode}; wall {wall:.3f} s unprofiled; GPU busy {cuda_total:.3f} s in the profiled run"
     )
-    print(events.table(sort_by="self_device_time_total", row_limit=18, max_name_column_width=60))
+    print(events.table(sort_by="self_device_time_total", row_limit=30, max_name_column_width=60))
 
 
 if __name__ == "__main__":
