@@ -122,3 +122,159 @@ def test_the_decode_kernel_compiles_and_captures_with_a_dynamic_span():
             out = compiled(q, view)
         graph.replay()
         torch.testing.assert_close(out, eager, atol=0, rtol=0)
+
+
+STEP_CASES = textwrap.dedent(
+    """
+    import json
+    import torch
+    from slime_gb10.grpo.engines import decode_attention as da
+
+    def rotary(rows, d, gen, dtype):
+        positions = torch.randint(0, 500, (rows,), generator=gen).double()
+        angles = positions[:, None] / 10000 ** (torch.arange(0, d, 2).double() / d)[None]
+        emb = torch.cat([angles, angles], -1)
+        return emb.cos().to(dtype)[:, None, None, :], emb.sin().to(dtype)[:, None, None, :]
+
+    def compare_step(device, shapes, dtype, compile_backend=None):
+        gen = torch.Generator().manual_seed(12)
+        report = []
+        for rows, heads, kv_heads, d, buffer, span, slot, splits in shapes:
+            qkv = torch.randn(rows, (heads + 2 * kv_heads) * d, generator=gen).to(dtype)
+            cos, sin = rotary(rows, d, gen, dtype)
+            keys = torch.randn(rows, kv_heads, buffer, d, generator=gen).to(dtype)
+            values = torch.randn(rows, kv_heads, buffer, d, generator=gen).to(dtype)
+            valid = torch.ones(rows, span, dtype=torch.bool)
+            for r in range(rows):
+                valid[r, : (r * 37) % 71 % slot] = False  # left padding, never the new slot
+            on = lambda t: t.to(device)
+            k_want, v_want = keys.clone(), values.clone()
+            want = da.reference_step(qkv, cos, sin, k_want, v_want, valid, torch.tensor([slot]), heads, d ** -0.5)
+            k_got, v_got = on(keys), on(values)
+            args = (on(qkv), on(cos), on(sin), k_got, v_got, on(valid), on(torch.tensor([slot])))
+            if compile_backend:  # the custom op inside torch.compile: its cache writes must reach the buffers
+                step = torch.compile(da.decode_step, backend=compile_backend, fullgraph=True)
+                got = step(*args, heads, d ** -0.5)
+            else:
+                got = da.launch(*args[:1], k_got, v_got, args[5], d ** -0.5, splits,
+                                rope=(heads, args[1], args[2], args[6]))
+            report.append({"shape": [rows, heads, kv_heads, d, buffer, span, slot, splits],
+                           "error": float((got.cpu().double() - want.double()).abs().max()),
+                           "cache_equal": bool(torch.equal(k_got.cpu(), k_want) and torch.equal(v_got.cpu(), v_want)),
+                           "finite": bool(torch.isfinite(got).all())})
+        return report
+    """
+)
+
+STEP_SHAPES = [
+    (3, 14, 2, 64, 200, 130, 100, 1),  # shape B's groups of 7
+    (2, 9, 3, 32, 100, 64, 40, 4),  # the new slot in the second of four splits
+    (2, 8, 2, 128, 160, 150, 149, 2),  # the new slot the last one read
+]
+
+
+def _check_step(report, limit):
+    for case in report:
+        assert case["finite"] and case["cache_equal"] and case["error"] < limit, case
+
+
+@pytest.mark.slow
+def test_the_fused_decode_step_is_its_twin_under_the_interpreter():
+    """Rotary of q and the new key, the cache writes and the attention in one kernel against
+    ``reference_step`` (rotary in FP32 rounded once, ``index_copy_``, SDPA): the written cache
+    equal bit for bit, the attention within rounding; also through ``torch.compile`` (aot_eager),
+    where the op's declared mutation must carry the writes into the buffers."""
+    script = STEP_CASES + (
+        f"\nprint(json.dumps(compare_step('cpu', {STEP_SHAPES!r}, torch.float16)"
+        f" + compare_step('cpu', {STEP_SHAPES!r}, torch.float32)"
+        f" + compare_step('cpu', {STEP_SHAPES[:1]!r}, torch.float32, 'aot_eager')))\n"
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _check_step(json.loads(proc.stdout.strip().splitlines()[-1]), 2e-3)
+
+
+@pytest.mark.gpu
+def test_the_fused_decode_step_is_its_twin_on_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    namespace: dict = {}
+    exec(STEP_CASES, namespace)
+    shapes = [*STEP_SHAPES, (160, 14, 2, 64, 577, 320, 300, 1)]
+    _check_step(namespace["compare_step"]("cuda", shapes, torch.bfloat16), 1.6e-2)
+    _check_step(namespace["compare_step"]("cuda", shapes[:2], torch.float32), 1e-5)
+    _check_step(namespace["compare_step"]("cuda", shapes[-1:], torch.bfloat16, "inductor"), 1.6e-2)
+
+
+ENGINE_STEP = textwrap.dedent(
+    """
+    import json
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from slime_gb10.grpo.engines.torch_engine import StaticDecoder, fuse_projections
+
+    def decode(device, dtype, fused_step):
+        torch.manual_seed(0)
+        config = Qwen2Config(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                             intermediate_size=96, vocab_size=101, max_position_embeddings=64)
+        model = Qwen2ForCausalLM(config).to(device=device, dtype=dtype).eval()
+        fuse_projections(model)
+        batch, width, cache_len = 3, 5, 16
+        decoder = StaticDecoder(model, batch, cache_len)
+        decoder.decode_kernel, decoder.fused_step = True, fused_step  # off a GPU, under the interpreter
+        gen = torch.Generator().manual_seed(1)
+        ids = torch.randint(0, 101, (batch, width), generator=gen).to(device)
+        valid = torch.ones(batch, width, dtype=torch.bool, device=device)
+        valid[0, :2] = False  # a left-padded row
+        positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
+        causal = torch.tril(torch.ones(width, width, dtype=torch.bool, device=device))
+        mask = ((causal[None] & valid[:, None, :]) | torch.eye(width, dtype=torch.bool, device=device)[None])[:, None]
+        step_logits = []
+        with torch.no_grad():
+            logits = decoder.forward(ids, positions, torch.arange(width, device=device), mask)
+            step_mask = torch.zeros(batch, 1, 1, cache_len, dtype=torch.bool, device=device)
+            step_mask[:, 0, 0, :width] = valid
+            position = valid.long().sum(-1, keepdim=True)
+            for step in range(3):
+                slot = width + step
+                step_mask[:, 0, 0, slot] = True
+                token = logits.argmax(-1, keepdim=True)
+                logits = decoder.forward(token, position + step, torch.tensor([slot], device=device),
+                                         step_mask[..., : slot + 1])
+                step_logits.append(logits.double().cpu())
+        return torch.stack(step_logits), torch.stack(decoder.keys).double().cpu(), torch.stack(decoder.values).double().cpu()
+
+    def compare(device, dtype):
+        fused, plain = decode(device, dtype, True), decode(device, dtype, False)
+        return {name: float((a - b).abs().max() / b.abs().max()) for name, a, b in zip(("logits", "keys", "values"), fused, plain)}
+    """
+)
+
+
+@pytest.mark.slow
+def test_the_static_decoders_fused_step_decodes_like_its_separate_ops_under_the_interpreter():
+    """Qwen2 (fused q/k/v with bias), FP32, a left-padded row, three one-token steps: logits and
+    the whole KV cache after them as with the rotary, cache writes and attention as separate ops."""
+    script = ENGINE_STEP + "\nprint(json.dumps(compare('cpu', torch.float32)))\n"
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    errors = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert all(error < 1e-5 for error in errors.values()), errors
+
+
+@pytest.mark.gpu
+def test_the_static_decoders_fused_step_decodes_like_its_separate_ops_on_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    namespace: dict = {}
+    exec(ENGINE_STEP, namespace)
+    errors = namespace["compare"]("cuda", torch.float32)
+    assert all(error < 1e-5 for error in errors.values()), errors
+    errors = namespace["compare"]("cuda", torch.bfloat16)
+    assert all(error < 2e-2 for error in errors.values()), errors  # GRAPH_REPLAY_TOLERANCE's BF16 limit

@@ -3,7 +3,9 @@
 Variants, each a fresh engine (compile, capture and one warm-up rollout before the timed one):
 the torch sampler or the Triton kernel (``engines/sampling_kernel.py``), attention over the whole
 static cache or over buckets of the written slots (``torch_engine.ATTENTION_BUCKET``), SDPA or the
-grouped-query decode kernel (``engines/decode_attention.py``); with ROLLOUT_VARIANTS_SLOW=1 also
+grouped-query decode kernel (``engines/decode_attention.py``), the rotary embedding and cache writes
+as their own ops or inside that kernel (``decode_step``); by default only the last choice, the rest
+with ROLLOUT_VARIANTS_SLOW=1, which also adds
 FlexAttention, inductor's GEMM autotuning and session 19's attention formulations (SDPA forced to
 memory-efficient attention, GQA as two batched matmuls). Prints wall seconds and the mean |logprob| difference
 of the first 32 tokens against the first variant (random-init models sample from nearly uniform
@@ -72,11 +74,25 @@ def flex_decode(q, keys, values, mask, scale):
 
 
 @contextlib.contextmanager
-def variant(bucket: int, kernel: bool, gqa_kernel: bool = True, autotune: bool = False, attend=SDPA):
+def variant(
+    bucket: int,
+    kernel: bool,
+    gqa_kernel: bool = True,
+    fused_step: bool = True,
+    autotune: bool = False,
+    attend=SDPA,
+):
     import torch._inductor.config as inductor_config
 
     saved = torch_engine.ATTENTION_BUCKET, sampling_kernel.applies, inductor_config.max_autotune_gemm
-    saved_available = decode_attention.available
+    saved_available, saved_init = decode_attention.available, torch_engine.StaticDecoder.__init__
+    if not fused_step:  # rotary and cache writes as their own ops before the decode kernel (session 20)
+
+        def init(self, *args, **kwargs):
+            saved_init(self, *args, **kwargs)
+            self.fused_step = False
+
+        torch_engine.StaticDecoder.__init__ = init
     if not gqa_kernel:  # one-token steps through StaticDecoder.attend (SDPA unless swapped)
         decode_attention.available = lambda *args: False
     torch_engine.StaticDecoder.attend = staticmethod(attend)
@@ -87,20 +103,25 @@ def variant(bucket: int, kernel: bool, gqa_kernel: bool = True, autotune: bool =
     try:
         yield
     finally:
-        decode_attention.available = saved_available
+        decode_attention.available, torch_engine.StaticDecoder.__init__ = saved_available, saved_init
         torch_engine.StaticDecoder.attend = staticmethod(SDPA)
         torch_engine.ATTENTION_BUCKET, sampling_kernel.applies, inductor_config.max_autotune_gemm = saved
 
 
 VARIANTS = {
-    "whole cache, SDPA, torch sampler (session 19)": dict(bucket=WHOLE_CACHE, kernel=False, gqa_kernel=False),
-    "whole cache, SDPA, Triton sampler": dict(bucket=WHOLE_CACHE, kernel=True, gqa_kernel=False),
-    "buckets of 64, SDPA, Triton sampler": dict(bucket=64, kernel=True, gqa_kernel=False),
-    "buckets of 64, GQA decode kernel, Triton sampler (default)": dict(bucket=64, kernel=True),
-    "whole cache, GQA decode kernel, Triton sampler": dict(bucket=WHOLE_CACHE, kernel=True),
-    "buckets of 128, GQA decode kernel, Triton sampler": dict(bucket=128, kernel=True),
+    "buckets of 64, GQA decode kernel, Triton sampler (session 20)": dict(
+        bucket=64, kernel=True, fused_step=False
+    ),
+    "... with rotary and cache writes inside the decode kernel (default)": dict(bucket=64, kernel=True),
 }
-if os.environ.get("ROLLOUT_VARIANTS_SLOW"):  # measured once (session 20: 37-56 s against 0.85 s), not again
+if os.environ.get("ROLLOUT_VARIANTS_SLOW"):  # each measured once (sessions 19 and 20), not again by default
+    VARIANTS["whole cache, SDPA, torch sampler (session 19)"] = dict(
+        bucket=WHOLE_CACHE, kernel=False, gqa_kernel=False
+    )
+    VARIANTS["whole cache, SDPA, Triton sampler"] = dict(bucket=WHOLE_CACHE, kernel=True, gqa_kernel=False)
+    VARIANTS["buckets of 64, SDPA, Triton sampler"] = dict(bucket=64, kernel=True, gqa_kernel=False)
+    VARIANTS["whole cache, GQA decode kernel, Triton sampler"] = dict(bucket=WHOLE_CACHE, kernel=True)
+    VARIANTS["buckets of 128, GQA decode kernel, Triton sampler"] = dict(bucket=128, kernel=True)
     VARIANTS["buckets of 64, FlexAttention decode"] = dict(
         bucket=64, kernel=True, gqa_kernel=False, attend=flex_decode
     )

@@ -64,8 +64,9 @@ def _kernels():
         q, k, v, valid, out, part_out, part_lse,
         slots, scale,
         sq_b, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sm_b, sm_s, so_b, so_h,
+        cos, sin, slot_at, sc_b,
         KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_P: tl.constexpr, D: tl.constexpr,
-        BLOCK: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr,
+        BLOCK: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr, ROPE: tl.constexpr,
     ):  # fmt: skip
         pair = tl.program_id(0)  # row * KV_HEADS + kv head
         split = tl.program_id(1)
@@ -75,10 +76,38 @@ def _kernels():
         dims = tl.arange(0, D)
         heads = kv_head * GROUP + g
         real = g < GROUP
-        qt = tl.load(q + row * sq_b + heads[:, None] * sq_h + dims[None, :], mask=real[:, None], other=0.0)
         per_split = tl.cdiv(tl.cdiv(slots, BLOCK), SPLITS) * BLOCK
         first = split * per_split
         last = tl.minimum(first + per_split, slots)
+        if ROPE:
+            # q is the row's fused q/k/v projection ([H + 2 H_kv] heads of D, stride sq_h): rotate q
+            # and the new key (HF's x cos + rotate_half(x) sin, rotate_half(x) = [-x2, x1]), round
+            # them to the cache dtype as the plain step does, and write the new key and value into
+            # the cache slot `slot_at` from the program whose share of the slots holds it
+            half = (dims + D // 2) % D
+            sign = tl.where(dims < D // 2, -1.0, 1.0)
+            c = tl.load(cos + row * sc_b + dims).to(tl.float32)
+            s_ = tl.load(sin + row * sc_b + dims).to(tl.float32)
+            base = q + row * sq_b
+            qa = tl.load(base + heads[:, None] * sq_h + dims[None, :], mask=real[:, None], other=0.0)
+            qb = tl.load(base + heads[:, None] * sq_h + half[None, :], mask=real[:, None], other=0.0)
+            qt = (qa.to(tl.float32) * c[None, :] + sign[None, :] * qb.to(tl.float32) * s_[None, :]).to(
+                qa.dtype
+            )
+            slot = tl.load(slot_at)
+            if (slot >= first) & (slot < last):
+                k_head = KV_HEADS * GROUP + kv_head
+                ka = tl.load(base + k_head * sq_h + dims).to(tl.float32)
+                kb = tl.load(base + k_head * sq_h + half).to(tl.float32)
+                k_new = ka * c + sign * kb * s_
+                v_new = tl.load(base + (k_head + KV_HEADS) * sq_h + dims)
+                tl.store(k + row * sk_b + kv_head * sk_h + slot * sk_s + dims, k_new.to(k.dtype.element_ty))
+                tl.store(v + row * sv_b + kv_head * sv_h + slot * sv_s + dims, v_new.to(v.dtype.element_ty))
+                tl.debug_barrier()  # the writes above before this program's threads read the slot
+        else:
+            qt = tl.load(
+                q + row * sq_b + heads[:, None] * sq_h + dims[None, :], mask=real[:, None], other=0.0
+            )
         peak = tl.full((GROUP_P,), float("-inf"), tl.float32)
         total = tl.zeros((GROUP_P,), tl.float32)
         acc = tl.zeros((GROUP_P, D), tl.float32)
@@ -127,15 +156,18 @@ def _kernels():
 
 
 @functools.cache
-def _multiprocessors(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+def _multiprocessors(device: torch.device) -> int:
+    """The device's SMs; off a GPU (the interpreter, in tests) a nominal 8."""
+    if device.type != "cuda":
+        return 8
+    return torch.cuda.get_device_properties(device.index or 0).multi_processor_count
 
 
 def splits_for(rows: int, kv_heads: int, slots: int, device: torch.device) -> int:
     """Programs per (row, KV head), a power of two: 1 when those pairs already fill the GPU twice,
     else enough to, but no more than one tile of slots each (16 rows x 512 slots on an H100, KV in
     L2: 4 splits 5.1 us, SDPA 11.6 us)."""
-    sms = _multiprocessors(torch.device(device).index or 0)
+    sms = _multiprocessors(torch.device(device))
     want = -(-2 * sms // max(1, rows * kv_heads))
     tiles = max(1, slots // BLOCK_N)
     return min(1 << (want - 1).bit_length(), 1 << (tiles.bit_length() - 1), 16)
@@ -163,15 +195,35 @@ def launch(
     block: int = BLOCK_N,
     num_warps: int = 4,
     num_stages: int = 2,
+    rope: tuple | None = None,
 ) -> torch.Tensor:
     """The kernels with ``splits`` programs per (row, KV head), a power of two (tests and
-    ``benchmarks/grpo/dev/decode_kernel_sweep.py`` choose it and the tile)."""
-    rows, heads, _, d = q.shape
-    kv_heads, slots = keys.shape[1], keys.shape[2]
+    ``benchmarks/grpo/dev/decode_kernel_sweep.py`` choose it and the tile).
+
+    ``rope = (heads, cos, sin, slot)``: ``q`` is the fused q/k/v projection ``[B, (heads + 2 H_kv) D]``
+    before rotary embedding, ``cos``/``sin`` ``[B, D]``, ``slot`` a one-element tensor; the kernel
+    rotates q and the new key, writes the new key and value into ``keys``/``values`` (the whole
+    buffers; ``valid`` ``[B, S]`` says how many slots attention reads) and attends (:func:`decode_step`)."""
+    if rope is not None:
+        heads, cos, sin, slot = rope
+        rows, d = q.shape[0], keys.shape[3]
+        kv_heads, slots = keys.shape[1], valid.shape[1]
+        q_heads = q.view(rows, -1, d)  # [B, H + 2 H_kv, D]
+        sq_b, sq_h = q_heads.stride(0), q_heads.stride(1)
+        cos, sin = cos.reshape(rows, d).contiguous(), sin.reshape(rows, d).contiguous()
+        extra = (cos, sin, slot, d)
+    else:
+        rows, heads, _, d = q.shape
+        kv_heads, slots = keys.shape[1], keys.shape[2]
+        q = q if q.stride(-1) == 1 else q.contiguous()
+        sq_b, sq_h = q.stride(0), q.stride(1)
+        extra = (q, q, q, 0)  # unused
     group = heads // kv_heads
-    q = q if q.stride(-1) == 1 else q.contiguous()
-    keys = keys if keys.stride(-1) == 1 else keys.contiguous()
-    values = values if values.stride(-1) == 1 else values.contiguous()
+    if rope is None:
+        keys = keys if keys.stride(-1) == 1 else keys.contiguous()
+        values = values if values.stride(-1) == 1 else values.contiguous()
+    elif keys.stride(-1) != 1 or values.stride(-1) != 1:
+        raise ValueError("the cache the kernel writes must have contiguous head dimensions")
     valid = valid.view(torch.uint8) if valid.dtype == torch.bool else valid
     out = torch.empty((rows, heads, 1, d), dtype=q.dtype, device=q.device)
     if splits > 1:
@@ -183,12 +235,13 @@ def launch(
     attend_split[(rows * kv_heads, splits)](
         q, keys, values, valid, out, part_out, part_lse,
         slots, scale,
-        q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
+        sq_b, sq_h, keys.stride(0), keys.stride(1), keys.stride(2),
         values.stride(0), values.stride(1), values.stride(2), valid.stride(0), valid.stride(1),
         out.stride(0), out.stride(1),
+        *extra,
         KV_HEADS=kv_heads, GROUP=group, GROUP_P=max(16, 1 << (group - 1).bit_length()), D=d,
         BLOCK=block, SPLITS=splits, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=num_warps, num_stages=num_stages,
+        ROPE=rope is not None, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if splits > 1:
         merge_splits[(rows * heads,)](
@@ -200,3 +253,55 @@ def launch(
 @decode_attention.register_fake
 def _(q, keys, values, valid, scale):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """HF's rotary embedding ``x cos + rotate_half(x) sin`` in FP32, rounded once to ``x``'s dtype."""
+    half = x.shape[-1] // 2
+    xf = x.float()
+    rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
+    return (xf * cos.float() + rotated * sin.float()).to(x.dtype)
+
+
+def reference_step(qkv, cos, sin, keys, values, valid, slot, heads: int, scale: float) -> torch.Tensor:
+    """The twin of :func:`decode_step`: rotate, write the new key and value into the cache at
+    ``slot``, SDPA over the first ``valid.shape[1]`` slots."""
+    rows, d = qkv.shape[0], keys.shape[3]
+    kv_heads = keys.shape[1]
+    parts = qkv.view(rows, heads + 2 * kv_heads, d)
+    cos, sin = cos.reshape(rows, 1, d), sin.reshape(rows, 1, d)
+    q = rotate(parts[:, :heads], cos, sin)
+    k = rotate(parts[:, heads : heads + kv_heads], cos, sin)
+    keys.index_copy_(2, slot, k[:, :, None].to(keys.dtype))
+    values.index_copy_(2, slot, parts[:, heads + kv_heads :, None].to(values.dtype))
+    span = valid.shape[1]
+    return reference(q[:, :, None], keys[:, :, :span], values[:, :, :span], valid, scale)
+
+
+@torch.library.custom_op("slime_gb10::decode_step_attention", mutates_args=("keys", "values"))
+def decode_step(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    valid: torch.Tensor,
+    slot: torch.Tensor,
+    heads: int,
+    scale: float,
+) -> torch.Tensor:
+    """One decode step's attention from the fused q/k/v projection ``qkv`` ``[B, (heads + 2 H_kv) D]``
+    before rotary embedding: rotates q and the new key by ``cos``/``sin`` (``[B, D]``, any leading
+    ones), writes the new key and value into the cache buffers ``keys``/``values`` ``[B, H_kv, L, D]``
+    at ``slot`` (a one-element tensor) and attends over the first ``S`` slots where ``valid``
+    ``[B, S]`` is true; returns ``[B, heads, 1, D]``. Replaces the rotary, the two cache writes and
+    the attention of a decode step by one kernel (three launches of ~1.2-2.7 us per layer and
+    step of shape B, issue #27)."""
+    rows, kv_heads = qkv.shape[0], keys.shape[1]
+    splits = splits_for(rows, kv_heads, valid.shape[1], qkv.device)
+    return launch(qkv, keys, values, valid, scale, splits, rope=(heads, cos, sin, slot))
+
+
+@decode_step.register_fake
+def _(qkv, cos, sin, keys, values, valid, slot, heads, scale):
+    return qkv.new_empty((qkv.shape[0], heads, 1, keys.shape[3]))

@@ -133,6 +133,8 @@ class StaticDecoder:
         self.decode_kernel = decode_attention.available(
             param.device, param.dtype, self.num_heads, self.num_kv_heads, self.head_dim
         )
+        # ... with the rotary embedding and the cache writes in the same kernel (decode_attention.decode_step)
+        self.fused_step = self.decode_kernel
         self.step = self.forward  # the one-token decode step; torch.compile'd when the engine says so
 
     def forward(
@@ -147,7 +149,6 @@ class StaticDecoder:
         Attention reads the first ``S`` slots of the cache, ``S`` the mask's last dimension: the
         decode loop passes the slots written so far rounded up to a bucket (:func:`attention_length`),
         so a step reads the KV it needs and not the whole buffer."""
-        span = attention_mask.shape[-1]
         hidden = self.embed(input_ids)
         cos, sin = self.rotary(hidden, position_ids)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B, 1, T, D]
@@ -157,32 +158,57 @@ class StaticDecoder:
             residual = hidden
             x = layer.input_layernorm(hidden)
             fused = getattr(attn, FUSED_QKV, None)
-            if fused is not None:  # one GEMM for q, k and v (see fuse_projections)
-                q, k, v = torch.nn.functional.linear(x, *fused).split(self.splits, dim=-1)
-            else:
-                q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
-            q = q.view(batch, length, self.num_heads, self.head_dim)
-            k = k.view(batch, length, self.num_kv_heads, self.head_dim)
-            v = v.view(batch, length, self.num_kv_heads, self.head_dim)
-            if hasattr(attn, "q_norm"):  # Qwen3
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-            self.keys[i].index_copy_(2, cache_position, k)
-            self.values[i].index_copy_(2, cache_position, v)
-            keys, values = self.keys[i][:, :, :span], self.values[i][:, :, :span]
             scale = getattr(attn, "scaling", None)
-            if length == 1 and self.decode_kernel:
-                scale = self.head_dim**-0.5 if scale is None else scale
-                out = decode_attention.decode_attention(q, keys, values, attention_mask[:, 0, 0, :], scale)
+            if length == 1 and self.fused_step and fused is not None and not hasattr(attn, "q_norm"):
+                # one kernel rotates q and the new key, writes the new key and value into the cache
+                # and attends (decode_attention.decode_step)
+                qkv = torch.nn.functional.linear(x, *fused).view(batch, -1)
+                out = decode_attention.decode_step(
+                    qkv,
+                    cos,
+                    sin,
+                    self.keys[i],
+                    self.values[i],
+                    attention_mask[:, 0, 0, :],
+                    cache_position,
+                    self.num_heads,
+                    self.head_dim**-0.5 if scale is None else scale,
+                )
             else:
-                out = self.attend(q, keys, values, attention_mask, scale)
+                out = self._attention(i, attn, x, fused, cos, sin, cache_position, attention_mask, scale)
             out = out.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim)
             hidden = residual + attn.o_proj(out)
             hidden = hidden + self._mlp(layer.mlp, layer.post_attention_layernorm(hidden))
         last = self.norm(hidden[:, -1, :])
         return self.lm_head(last)
+
+    def _attention(self, i, attn, x, fused, cos, sin, cache_position, attention_mask, scale) -> torch.Tensor:
+        """Layer ``i``'s attention ``[B, H, T, D]`` from its normed input ``x``, in separate ops:
+        projections, rotary embedding, the cache writes, then the decode kernel (one-token steps)
+        or SDPA (the prefill, and where the kernel does not run)."""
+        batch, length = x.shape[:2]
+        span = attention_mask.shape[-1]
+        if fused is not None:  # one GEMM for q, k and v (see fuse_projections)
+            q, k, v = torch.nn.functional.linear(x, *fused).split(self.splits, dim=-1)
+        else:
+            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        q = q.view(batch, length, self.num_heads, self.head_dim)
+        k = k.view(batch, length, self.num_kv_heads, self.head_dim)
+        v = v.view(batch, length, self.num_kv_heads, self.head_dim)
+        if hasattr(attn, "q_norm"):  # Qwen3
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        self.keys[i].index_copy_(2, cache_position, k)
+        self.values[i].index_copy_(2, cache_position, v)
+        keys, values = self.keys[i][:, :, :span], self.values[i][:, :, :span]
+        if length == 1 and self.decode_kernel:
+            scale = self.head_dim**-0.5 if scale is None else scale
+            out = decode_attention.decode_attention(q, keys, values, attention_mask[:, 0, 0, :], scale)
+        else:
+            out = self.attend(q, keys, values, attention_mask, scale)
+        return out
 
     @staticmethod
     def attend(q, keys, values, mask, scale) -> torch.Tensor:
