@@ -6,7 +6,9 @@ over the cache slots ``[B, H_kv, S, D]`` where ``valid`` ``[B, S]`` allows. The 
 of its tiles, so the cache is read once per KV head, not once per query head; BF16 tensor-core dots,
 FP32 online softmax (Dao et al.'s FlashAttention recurrence). When the batch has fewer (row, KV
 head) pairs than twice the GPU's SMs the slots are split among several programs and a second kernel
-merges their partial results by their log-sum-exp (flash-decoding).
+merges their partial results by their log-sum-exp (flash-decoding). :func:`decode_step` is the same
+kernel fed with the fused q/k/v projection before rotary embedding: it also rotates q and the new key
+and writes the new key and value into the cache (its twin :func:`reference_step`).
 
 Why a kernel: the attention torch picks for this (cuDNN's SM80 flash kernel, taking each query head
 separately) was a quarter of a decode step of shape B on an H100 (19.1 us per call; this kernel 15.1 us
