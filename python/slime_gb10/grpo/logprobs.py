@@ -130,33 +130,9 @@ def _compiled(backend: str):
 
 class _ChunkedLogprobsEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(
-        ctx,
-        hidden,
-        weight,
-        bias,
-        targets,
-        temperature,
-        chunk_size,
-        token_chunk_size,
-        with_entropy,
-        mm,
-        backend,
-    ):
-        with torch.autocast(hidden.device.type, enabled=False):
-            return _ChunkedLogprobsEntropy._forward(
-                ctx,
-                hidden,
-                weight,
-                bias,
-                targets,
-                temperature,
-                chunk_size,
-                token_chunk_size,
-                with_entropy,
-                mm,
-                backend,
-            )
+    def forward(ctx, *args):  # the arguments of _forward, after ctx
+        with torch.autocast(args[0].device.type, enabled=False):
+            return _ChunkedLogprobsEntropy._forward(ctx, *args)
 
     @staticmethod
     def _forward(
