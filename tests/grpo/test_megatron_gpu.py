@@ -199,3 +199,39 @@ def test_optimizer_steps_reduce_a_supervised_loss_and_export_streams_hf_weights(
         k: (current[k].float() - hf.state_dict()[k].to(current[k].device)).abs().max().item() for k in current
     }
     assert max(moved.values()) > 0  # the steps changed the weights that are exported
+
+
+def test_weight_decay_skips_norms_and_biases_and_resumed_settings_come_from_the_config(hf_model):
+    """Zero gradients (the loss is 0 x logprobs), lr 0.1, weight decay 0.5: Adam's update is 0, so a
+    step only applies the decoupled decay, p <- p (1 - 0.1 x 0.5) = 0.95 p, to the weights Megatron
+    decays (its ``wd_mult`` 1) and leaves the norm weights (``wd_mult`` 0) as they were. Then a
+    backend built with other betas and eps loads the first one's state: after a step its groups
+    hold its own config's settings, not the checkpoint's."""
+    from slime_gb10.grpo.config import TrainConfig
+
+    config, hf = hf_model("tiny_llama", torch.float32)
+    train = TrainConfig(lr=0.1, weight_decay=0.5, max_grad_norm=1.0)
+    backend = mb.MegatronPolicyBackend(hf, tokenizer=None, device="cuda", train=train)
+    batch = _random_batch(config.vocab_size, seed=5)
+
+    def zero(logprobs, entropy, batch, extras):
+        return (logprobs * 0.0).sum(), {}
+
+    before = {k: v.float().clone() for k, v in backend.hf_state_dict().items()}
+    backend.train_step([(batch, {})], zero)
+    after = {k: v.float() for k, v in backend.hf_state_dict().items()}
+    norms = [k for k in before if k.endswith("norm.weight")]
+    decayed = [k for k in before if k.endswith("proj.weight")]
+    assert norms and decayed
+    for k in norms:
+        assert torch.equal(after[k], before[k]), k
+    for k in decayed:  # BF16 weights: 0.95 p within the rounding of one BF16 value
+        torch.testing.assert_close(after[k], 0.95 * before[k], atol=1e-6, rtol=2**-7, msg=k)
+    assert {g["weight_decay"] for g in backend.optimizer.param_groups} == {0.0, 0.5}
+
+    other = TrainConfig(lr=0.1, weight_decay=0.0, adam_betas=(0.8, 0.95), adam_eps=1e-6)
+    resumed = mb.MegatronPolicyBackend(hf, tokenizer=None, device="cuda", train=other)
+    resumed.load_state_dict(backend.state_dict())
+    resumed.train_step([(batch, {})], zero)
+    for group in resumed.optimizer.param_groups:
+        assert tuple(group["betas"]) == (0.8, 0.95) and group["eps"] == 1e-6 and group["weight_decay"] == 0.0

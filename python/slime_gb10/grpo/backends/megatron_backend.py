@@ -472,6 +472,8 @@ class MegatronPolicyBackend(PolicyBackend):
         self.transfer_dtype = transfer_dtype
         self.max_grad_norm = train.max_grad_norm
         self.base_lr, self.warmup_steps, self.steps_done = train.lr, train.warmup_steps, 0
+        self.adam_settings = {"betas": tuple(train.adam_betas), "eps": train.adam_eps}
+        self.weight_decay = train.weight_decay
         self.precision = precision
         self.recipe = te_recipe(precision)
         self.pad_to = 16 if self.recipe is not None else 1
@@ -536,6 +538,24 @@ class MegatronPolicyBackend(PolicyBackend):
     def _lr(self) -> float:
         return self.base_lr * warmup_factor(self.steps_done, self.warmup_steps)
 
+    def _apply_optimizer_settings(self) -> float:
+        """The run's settings on every parameter group before a step; returns the lr.
+
+        lr at this point of the warmup (times the group's ``lr_mult``), Adam's betas and eps, and
+        the weight decay times the group's ``wd_mult``: Megatron gives biases and norm weights a
+        ``wd_mult`` of 0 but leaves applying it to its ``OptimizerParamScheduler``, which this backend
+        does not use, so before this the decay reached them too. A resumed run's optimizer state
+        brings the checkpoint's betas, eps and decay; the config's replace them, as in the torch
+        backend (``--resume`` with changed settings takes effect)."""
+        lr = self._lr()
+        for group in self.optimizer.param_groups:
+            group.update(
+                lr=lr * group.get("lr_mult", 1.0),
+                weight_decay=self.weight_decay * group.get("wd_mult", 1.0),
+                **self.adam_settings,
+            )
+        return lr
+
     def train_step(self, microbatches: Sequence[tuple[TokenBatch, dict[str, torch.Tensor]]], loss_fn):
         self.ddp_model.train()
         self.ddp_model.zero_grad_buffer()
@@ -554,9 +574,7 @@ class MegatronPolicyBackend(PolicyBackend):
         if not bool(grads_finite):
             self.ddp_model.zero_grad_buffer()
             raise NonFiniteError("the gradient has NaN/Inf entries; the optimizer step was skipped")
-        lr = self._lr()
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        lr = self._apply_optimizer_settings()
         update_ok, grad_norm, _ = self.optimizer.step()
         if not update_ok:
             raise NonFiniteError("Megatron's optimizer skipped the step (non-finite gradients)")
