@@ -295,8 +295,9 @@ def decode_step(
     """One decode step's attention from the fused q/k/v projection ``qkv`` ``[B, (heads + 2 H_kv) D]``
     before rotary embedding: rotates q and the new key by ``cos``/``sin`` (``[B, D]``, any leading
     ones), writes the new key and value into the cache buffers ``keys``/``values`` ``[B, H_kv, L, D]``
-    at ``slot`` (a one-element tensor) and attends over the first ``S`` slots where ``valid``
-    ``[B, S]`` is true; returns ``[B, heads, 1, D]``. Replaces the rotary, the two cache writes and
+    at ``slot`` (a one-element tensor, below ``S``: the program whose share of the ``S`` slots holds
+    it writes it) and attends over the first ``S`` slots where ``valid`` ``[B, S]`` is true; returns
+    ``[B, heads, 1, D]``. Replaces the rotary, the two cache writes and
     the attention of a decode step by one kernel (three launches of ~1.2-2.7 us per layer and
     step of shape B, issue #27)."""
     rows, kv_heads = qkv.shape[0], keys.shape[1]
