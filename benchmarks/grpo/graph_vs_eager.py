@@ -15,9 +15,9 @@ import json
 
 import torch
 
+from slime_gb10.grpo.engines.static_decoder import StaticDecoder
 from slime_gb10.grpo.engines.torch_engine import (
     GRAPH_REPLAY_TOLERANCE,
-    StaticDecoder,
     TorchRolloutEngine,
     _GraphedStep,
     attention_length,

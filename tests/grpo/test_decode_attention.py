@@ -217,7 +217,7 @@ ENGINE_STEP = textwrap.dedent(
     import json
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
-    from slime_gb10.grpo.engines.torch_engine import StaticDecoder, fuse_projections
+    from slime_gb10.grpo.engines.static_decoder import StaticDecoder, fuse_projections
 
     def decode(device, dtype, fused_step):
         torch.manual_seed(0)

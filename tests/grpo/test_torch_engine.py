@@ -13,9 +13,9 @@ import torch
 
 from slime_gb10.grpo.engines import torch_engine
 from slime_gb10.grpo.engines.sampling import filter_logits, inverse_cdf, row_uniforms, sample_next_token
+from slime_gb10.grpo.engines.static_decoder import StaticDecoder
 from slime_gb10.grpo.engines.torch_engine import (
     GRAPH_REPLAY_TOLERANCE,
-    StaticDecoder,
     TorchRolloutEngine,
     _GraphedStep,
     attention_length,
@@ -332,7 +332,7 @@ def test_sliding_window_models_stay_off_the_full_attention_static_path():
     static cache decoded it with full attention (logprobs off by up to 4.6)."""
     from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    from slime_gb10.grpo.engines.torch_engine import supports_static_decoding
+    from slime_gb10.grpo.engines.static_decoder import supports_static_decoding
 
     small = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
     small |= {"num_attention_heads": 4, "num_key_value_heads": 2}
@@ -397,7 +397,6 @@ def test_graph_replay_error_is_the_relative_l2_error():
 
 def _one_decode_step(model, tokenizer, dtype, stale_token=False):
     """Logits of one static-cache decode step after a prefill (the step a CUDA graph captures)."""
-    from slime_gb10.grpo.engines.torch_engine import StaticDecoder
 
     model = model.to(dtype)
     prompts = _prompts(tokenizer)
@@ -440,7 +439,7 @@ def test_fused_projections_decode_like_the_hf_forward_and_follow_weight_sync(tok
     copies into the parameters) changes what the fused GEMMs compute."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from slime_gb10.grpo.engines.torch_engine import FUSED_GATE_UP, FUSED_QKV
+    from slime_gb10.grpo.engines.static_decoder import FUSED_GATE_UP, FUSED_QKV
     from slime_gb10.grpo.weight_sync import WeightStream
 
     config = Qwen2Config(

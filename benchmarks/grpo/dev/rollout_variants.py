@@ -28,10 +28,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/grpo: profile_rollout
 from profile_rollout import new_engine, rollout_setup, timed_generate
 
-from slime_gb10.grpo.engines import decode_attention, sampling_kernel, torch_engine
+from slime_gb10.grpo.engines import decode_attention, sampling_kernel, static_decoder, torch_engine
 
 WHOLE_CACHE = 1 << 30  # a bucket longer than any cache: attention over the whole buffer
-SDPA = torch_engine.StaticDecoder.attend
+SDPA = static_decoder.StaticDecoder.attend
 
 
 def efficient(q, keys, values, mask, scale):
@@ -85,17 +85,17 @@ def variant(
     import torch._inductor.config as inductor_config
 
     saved = torch_engine.ATTENTION_BUCKET, sampling_kernel.applies, inductor_config.max_autotune_gemm
-    saved_available, saved_init = decode_attention.available, torch_engine.StaticDecoder.__init__
+    saved_available, saved_init = decode_attention.available, static_decoder.StaticDecoder.__init__
     if not fused_step:  # rotary and cache writes as their own ops before the decode kernel (session 20)
 
         def init(self, *args, **kwargs):
             saved_init(self, *args, **kwargs)
             self.fused_step = False
 
-        torch_engine.StaticDecoder.__init__ = init
+        static_decoder.StaticDecoder.__init__ = init
     if not gqa_kernel:  # one-token steps through StaticDecoder.attend (SDPA unless swapped)
         decode_attention.available = lambda *args: False
-    torch_engine.StaticDecoder.attend = staticmethod(attend)
+    static_decoder.StaticDecoder.attend = staticmethod(attend)
     torch_engine.ATTENTION_BUCKET = bucket
     if not kernel:
         sampling_kernel.applies = lambda logits, params: False
@@ -103,8 +103,8 @@ def variant(
     try:
         yield
     finally:
-        decode_attention.available, torch_engine.StaticDecoder.__init__ = saved_available, saved_init
-        torch_engine.StaticDecoder.attend = staticmethod(SDPA)
+        decode_attention.available, static_decoder.StaticDecoder.__init__ = saved_available, saved_init
+        static_decoder.StaticDecoder.attend = staticmethod(SDPA)
         torch_engine.ATTENTION_BUCKET, sampling_kernel.applies, inductor_config.max_autotune_gemm = saved
 
 
