@@ -49,6 +49,16 @@ CASES = textwrap.dedent(
 )
 
 
+def _interpret(script: str):
+    """The JSON the script prints last, run in a fresh interpreter under ``TRITON_INTERPRET=1``."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def _check(report, limit):
     for case in report:
         assert case["finite"] and case["error"] < limit, case
@@ -66,12 +76,7 @@ def test_the_decode_kernel_is_sdpa_under_the_interpreter():
         f"\nprint(json.dumps(compare('cpu', {shapes!r}, torch.float16)"
         f" + compare('cpu', {shapes[:2]!r}, torch.float32)))\n"
     )
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    _check(json.loads(proc.stdout.strip().splitlines()[-1]), 2e-3)  # FP16 output rounding: 2^-11 x |out| <= 1
+    _check(_interpret(script), 2e-3)  # FP16 output rounding: 2^-11 x |out| <= 1
 
 
 @pytest.mark.gpu
@@ -192,12 +197,7 @@ def test_the_fused_decode_step_is_its_twin_under_the_interpreter():
         f" + compare_step('cpu', {STEP_SHAPES!r}, torch.float32)"
         f" + compare_step('cpu', {STEP_SHAPES[:1]!r}, torch.float32, 'aot_eager')))\n"
     )
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    _check_step(json.loads(proc.stdout.strip().splitlines()[-1]), 2e-3, cache_limit=1e-6)
+    _check_step(_interpret(script), 2e-3, cache_limit=1e-6)
 
 
 @pytest.mark.gpu
@@ -262,12 +262,7 @@ def test_the_static_decoders_fused_step_decodes_like_its_separate_ops_under_the_
     """Qwen2 (fused q/k/v with bias), FP32, a left-padded row, three one-token steps: logits and
     the whole KV cache after them as with the rotary, cache writes and attention as separate ops."""
     script = ENGINE_STEP + "\nprint(json.dumps(compare('cpu', torch.float32)))\n"
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    errors = json.loads(proc.stdout.strip().splitlines()[-1])
+    errors = _interpret(script)
     assert all(error < 1e-5 for error in errors.values()), errors
 
 

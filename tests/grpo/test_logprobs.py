@@ -60,17 +60,28 @@ def test_matches_naive_float64(n, h, v, chunk, token_chunk, temperature, bias):
     torch.testing.assert_close(lp, ref_lp, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(ent, ref_ent, rtol=1e-10, atol=1e-10)
 
-    # gradients of a random combination of both outputs w.r.t. hidden, weight (and bias)
-    g = torch.Generator().manual_seed(1)
-    a_lp, a_ent = (
+    _assert_same_gradients((lp, ent), (ref_lp, ref_ent), [hidden, weight, b], seed=1)
+
+
+def _assert_same_gradients(ours, reference, inputs, *, seed, outputs="both"):
+    """The gradients w.r.t. ``inputs`` (None skipped) of a random combination of the logprobs and/or
+    entropy (``outputs``) equal the reference's to float64 precision."""
+    n = ours[0].shape[0]
+    g = torch.Generator().manual_seed(seed)
+    weights = (
         torch.randn(n, generator=g, dtype=torch.float64),
         torch.randn(n, generator=g, dtype=torch.float64),
     )
-    inputs = [hidden, weight] + ([b] if b is not None else [])
-    ours = torch.autograd.grad((a_lp * lp).sum() + (a_ent * ent).sum(), inputs)
-    ref = torch.autograd.grad((a_lp * ref_lp).sum() + (a_ent * ref_ent).sum(), inputs)
-    for got, want in zip(ours, ref):
-        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
+    used = {"both": (0, 1), "logprobs": (0,), "entropy": (1,)}[outputs]
+    inputs = [t for t in inputs if t is not None]
+
+    def combined(values):
+        return sum((weights[i] * values[i]).sum() for i in used)
+
+    got = torch.autograd.grad(combined(ours), inputs)
+    want = torch.autograd.grad(combined(reference), inputs)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
 
 
 @pytest.mark.parametrize(
@@ -96,26 +107,7 @@ def test_compiled_blocks_match_naive_float64(n, h, v, chunk, token_chunk, temper
     ref_lp, ref_ent = naive_logprobs_entropy(hidden, weight, targets, temperature=temperature, lm_head_bias=b)
     torch.testing.assert_close(lp, ref_lp, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(ent, ref_ent, rtol=1e-10, atol=1e-10)
-    g = torch.Generator().manual_seed(2)
-    a_lp, a_ent = (
-        torch.randn(n, generator=g, dtype=torch.float64),
-        torch.randn(n, generator=g, dtype=torch.float64),
-    )
-    pick = {"both": (1, 1), "logprobs": (1, 0), "entropy": (0, 1)}[outputs]
-
-    def loss(lp, ent):
-        terms = []
-        if pick[0]:
-            terms.append((a_lp * lp).sum())
-        if pick[1]:
-            terms.append((a_ent * ent).sum())
-        return sum(terms)
-
-    inputs = [hidden, weight] + ([b] if b is not None else [])
-    ours = torch.autograd.grad(loss(lp, ent), inputs)
-    ref = torch.autograd.grad(loss(ref_lp, ref_ent), inputs)
-    for got, want in zip(ours, ref):
-        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
+    _assert_same_gradients((lp, ent), (ref_lp, ref_ent), [hidden, weight, b], seed=2, outputs=outputs)
     assert counters["stats"]["unique_graphs"] >= 2  # the statistics and the gradient were traced
     torch._dynamo.reset()
 

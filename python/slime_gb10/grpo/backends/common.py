@@ -65,7 +65,7 @@ def accumulate_gradients(
     """
     losses, weights = [], []
     on_device: dict[str, list[torch.Tensor]] = {}  # metric -> [v * weight, finite] per microbatch
-    on_host: dict[str, list[tuple[float, torch.Tensor]]] = {}  # python numbers: (v, weight)
+    on_host: dict[str, list[tuple[float, int]]] = {}  # python numbers: (v, microbatch index)
     for batch, extras in microbatches:
         batch = batch_to_device(batch, device)
         extras = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in extras.items()}
@@ -84,7 +84,7 @@ def accumulate_gradients(
                     torch.stack([torch.where(finite, v * weight, 0.0), finite.float()])
                 )
             else:
-                on_host.setdefault(key, []).append((float(value), weight))
+                on_host.setdefault(key, []).append((float(value), len(weights) - 1))
     if not losses:
         return 0.0, {}
     keys = list(on_device)
@@ -102,9 +102,8 @@ def accumulate_gradients(
         summed, finite_count = values[offset + 2 * index], values[offset + 2 * index + 1]
         if finite_count > 0:
             sums[key] = summed
-    weight_of = {id(w): x for w, x in zip(weights, per_batch_weight)}
     for key, pairs in on_host.items():
-        finite = [(v, weight_of[id(w)]) for v, w in pairs if math.isfinite(v)]
+        finite = [v * per_batch_weight[index] for v, index in pairs if math.isfinite(v)]
         if finite:
-            sums[key] = sums.get(key, 0.0) + sum(v * w for v, w in finite)
+            sums[key] = sums.get(key, 0.0) + sum(finite)
     return total_loss, {k: v / weight_total for k, v in sums.items()}

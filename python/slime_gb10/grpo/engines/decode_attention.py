@@ -214,18 +214,17 @@ def launch(
         sq_b, sq_h = q_heads.stride(0), q_heads.stride(1)
         cos, sin = cos.reshape(rows, d).contiguous(), sin.reshape(rows, d).contiguous()
         extra = (cos, sin, slot, d)
+        if keys.stride(-1) != 1 or values.stride(-1) != 1:
+            raise ValueError("the cache the kernel writes must have contiguous head dimensions")
     else:
         rows, heads, _, d = q.shape
         kv_heads, slots = keys.shape[1], keys.shape[2]
         q = q if q.stride(-1) == 1 else q.contiguous()
         sq_b, sq_h = q.stride(0), q.stride(1)
-        extra = (q, q, q, 0)  # unused
-    group = heads // kv_heads
-    if rope is None:
         keys = keys if keys.stride(-1) == 1 else keys.contiguous()
         values = values if values.stride(-1) == 1 else values.contiguous()
-    elif keys.stride(-1) != 1 or values.stride(-1) != 1:
-        raise ValueError("the cache the kernel writes must have contiguous head dimensions")
+        extra = (q, q, q, 0)  # unused
+    group = heads // kv_heads
     valid = valid.view(torch.uint8) if valid.dtype == torch.bool else valid
     out = torch.empty((rows, heads, 1, d), dtype=q.dtype, device=q.device)
     if splits > 1:
