@@ -135,7 +135,7 @@ class StaticDecoder:
             residual = hidden
             x = layer.input_layernorm(hidden)
             fused = getattr(attn, FUSED_QKV, None)
-            scale = getattr(attn, "scaling", None)
+            scale = getattr(attn, "scaling", None) or self.head_dim**-0.5  # SDPA's default when unset
             if length == 1 and self.fused_step and fused is not None and not hasattr(attn, "q_norm"):
                 # one kernel rotates q and the new key, writes the new key and value into the cache
                 # and attends (decode_attention.decode_step)
@@ -149,7 +149,7 @@ class StaticDecoder:
                     attention_mask[:, 0, 0, :],
                     cache_position,
                     self.num_heads,
-                    self.head_dim**-0.5 if scale is None else scale,
+                    scale,
                 )
             else:
                 out = self._attention(i, attn, x, fused, cos, sin, cache_position, attention_mask, scale)
@@ -181,7 +181,6 @@ class StaticDecoder:
         self.values[i].index_copy_(2, cache_position, v)
         keys, values = self.keys[i][:, :, :span], self.values[i][:, :, :span]
         if length == 1 and self.decode_kernel:
-            scale = self.head_dim**-0.5 if scale is None else scale
             out = decode_attention.decode_attention(q, keys, values, attention_mask[:, 0, 0, :], scale)
         else:
             out = self.attend(q, keys, values, attention_mask, scale)
