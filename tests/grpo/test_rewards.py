@@ -345,3 +345,17 @@ def test_unknown_reward_spec_is_a_reward_error():
 
     with pytest.raises(RewardError, match="unknown reward 'nosuch'"):
         get_reward("nosuch")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("0123456789٣-+$.,/ %)]x\\{}#\n")), max_size=60))
+def test_the_number_scanner_finds_what_the_plain_pattern_finds(text):
+    """The scanner's lookahead (a speed-up) changes no match: the same numbers, at the same places,
+    as the bare number pattern on text dense in digits, signs, separators and brackets."""
+    import re
+
+    from slime_gb10.grpo import rewards
+
+    plain = [(m.start(), m.group(0)) for m in re.compile(rewards._NUMBER).finditer(text)]
+    fast = [(m.start(), m.group(0)) for m in rewards._NUMBER_RE.finditer(text)]
+    assert fast == plain
