@@ -13,7 +13,7 @@ import torch
 
 from slime_gb10.grpo.engines import torch_engine
 from slime_gb10.grpo.engines.sampling import filter_logits, inverse_cdf, row_uniforms, sample_next_token
-from slime_gb10.grpo.engines.static_decoder import StaticDecoder
+from slime_gb10.grpo.engines.static_decoder import StaticDecoder, split_k_linear
 from slime_gb10.grpo.engines.torch_engine import (
     GRAPH_REPLAY_TOLERANCE,
     TorchRolloutEngine,
@@ -157,6 +157,72 @@ def test_one_compiled_decode_step_serves_every_attention_bucket(tiny_dir):
             )
             torch.testing.assert_close(got, want)
     assert len(traced) == 1
+
+
+@pytest.mark.parametrize(
+    "rows,k,n,splits,bias", [(5, 48, 7, 4, False), (3, 64, 16, 2, True), (1, 96, 5, 8, True)]
+)
+def test_split_k_linear_is_the_linear_layer(rows, k, n, splits, bias):
+    """The slices of K and of the weight line up: against the float64 product, in FP32 and in BF16
+    (one rounding of an FP32 sum: within half a BF16 ulp of the exact value, plus FP32 noise)."""
+    torch.manual_seed(k)
+    linear = torch.nn.Linear(k, n, bias=bias)
+    x = torch.randn(rows, 1, k)
+    exact = x.double() @ linear.weight.double().T + (linear.bias.double() if bias else 0)
+    got = split_k_linear(x, linear, splits)
+    assert got.shape == (rows, 1, n) and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), exact, atol=1e-5, rtol=1e-5)
+    linear = linear.to(torch.bfloat16)
+    x = x.to(torch.bfloat16)
+    exact = x.double() @ linear.weight.double().T + (linear.bias.double() if bias else 0)
+    got = split_k_linear(x, linear, splits)
+    assert got.dtype == torch.bfloat16
+    assert bool(((got.double() - exact).abs() <= exact.abs() * 2**-8 + 1e-5).all())
+
+
+@pytest.mark.gpu
+def test_split_k_linear_on_gpu_is_the_linear_layer():
+    """Shape B's down projection on a GPU (BF16 ``bmm`` with FP32 outputs): within half a BF16 ulp
+    of the float64 product plus FP32 noise, like one cuBLAS GEMM."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(4864, 896, bias=False, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(160, 1, 4864, device="cuda", dtype=torch.bfloat16)
+    exact = x.double() @ linear.weight.double().T
+    for got in (split_k_linear(x, linear, 4), linear(x)):
+        assert got.dtype == torch.bfloat16 and got.shape == (160, 1, 896)
+        assert bool(((got.double() - exact).abs() <= exact.abs() * 2**-8 + 1e-4).all())
+
+
+def test_the_static_decoder_with_split_k_projections_decodes_like_without(tiny_dir):
+    """One-token steps with the o and down projections split over K (what a GPU runs) give the
+    logits and cache of the plain projections (FP32: only the order of the sums differs)."""
+    model = load_causal_lm(str(tiny_dir))
+    torch_engine.fuse_projections(model)
+    runs = []
+    for splits in (1, 2):
+        decoder = StaticDecoder(model, batch=2, cache_len=8)
+        decoder.o_splits = decoder.down_splits = splits
+        ids = torch.tensor([[5, 9, 11], [7, 3, 2]])
+        positions = torch.arange(3).expand(2, 3)
+        mask = torch.ones((2, 1, 3, 3), dtype=torch.bool).tril()
+        logits = []
+        with torch.inference_mode():
+            decoder.forward(ids, positions, torch.arange(3), mask)
+            step_mask = torch.zeros((2, 1, 1, 8), dtype=torch.bool)
+            step_mask[..., :3] = True
+            for slot, token in zip((3, 4), (13, 17)):
+                step_mask[..., slot] = True
+                logits.append(
+                    decoder.forward(
+                        torch.full((2, 1), token), torch.full((2, 1), slot), torch.tensor([slot]), step_mask
+                    )
+                )
+        runs.append((torch.stack(logits), torch.stack(decoder.keys), torch.stack(decoder.values)))
+    for plain, split in zip(*runs):
+        torch.testing.assert_close(split, plain, atol=1e-5, rtol=1e-5)
+    assert not torch.equal(runs[0][0], torch.zeros_like(runs[0][0]))
 
 
 def test_seeded_sampling_is_reproducible(engine, tokenizer):

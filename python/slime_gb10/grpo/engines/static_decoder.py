@@ -34,6 +34,48 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+#: K slices of a one-token step's down projection on a GPU (see :func:`split_k_linear`). Shape B's
+#: rollout on an H100 (``benchmarks/grpo/dev/rollout_variants.py``, one process): one GEMM 0.804 s,
+#: 2 slices 0.781 s, 4 slices 0.764 s
+DOWN_SPLIT_K = 4
+#: ... and of its o projection: 4 down slices and 2 o slices 0.747 s
+O_SPLIT_K = 2
+
+
+def split_k_linear(x: torch.Tensor, linear: torch.nn.Linear, splits: int) -> torch.Tensor:
+    """``linear(x)`` as ``splits`` GEMMs over slices of the input dimension K, their FP32 partial
+    products summed in FP32 and rounded once to ``x``'s dtype.
+
+    A decode step multiplies ~100-200 rows by weights with few output columns (shape B's down
+    projection: 160 x 4864 by 4864 x 896). cuBLAS covers those outputs with 84 tiles of 64 x 32, fewer
+    than the H100's 132 SMs, each walking all of K: 11.5 us for 8.7 MB of weights, 0.75 TB/s.
+    ``torch.bmm`` over 4 slices of K fills the GPU, 6.4 us (``benchmarks/grpo/dev/decode_gemm_sweep.py``,
+    24 weight copies per graph so they come from DRAM; issue #27), and inside the compiled step the
+    sum of the slices joins the residual add and the next RMSNorm. cuBLAS has no split-K we can ask
+    for through torch, hence the slices by hand. On a CPU the slices are multiplied in FP32 (same
+    arithmetic; ``bmm``'s FP32 output for BF16 inputs is CUDA-only)."""
+    weight, bias = linear.weight, linear.bias
+    k = x.shape[-1]
+    rows, n = x.numel() // k, weight.shape[0]
+    slices = x.reshape(rows, splits, k // splits).transpose(0, 1)  # [splits, rows, K / splits]
+    weights = weight.t().view(splits, k // splits, n)  # weight [N, K] row-major: a view
+    if x.is_cuda:
+        parts = torch.bmm(slices, weights, out_dtype=torch.float32)
+    else:
+        parts = torch.bmm(slices.float(), weights.float())
+    out = parts.sum(0)
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype).view(*x.shape[:-1], n)
+
+
+def _splits_for(linear, splits: int) -> int:
+    """``splits`` where :func:`split_k_linear` can slice ``linear``'s weight in place, else 1."""
+    weight = getattr(linear, "weight", None)
+    ok = isinstance(linear, torch.nn.Linear) and weight.is_contiguous() and weight.shape[1] % splits == 0
+    return splits if ok else 1
+
+
 FUSED_QKV = "_slime_gb10_qkv"
 FUSED_GATE_UP = "_slime_gb10_gate_up"
 
@@ -112,6 +154,10 @@ class StaticDecoder:
         )
         # ... with the rotary embedding and the cache writes in the same kernel (decode_attention.decode_step)
         self.fused_step = self.decode_kernel
+        # one-token steps on a GPU: the narrow projections split over K (split_k_linear)
+        gpu = param.device.type == "cuda"
+        self.o_splits = O_SPLIT_K if gpu else 1
+        self.down_splits = DOWN_SPLIT_K if gpu else 1
         self.step = self.forward  # the one-token decode step; torch.compile'd when the engine says so
 
     def forward(
@@ -154,8 +200,10 @@ class StaticDecoder:
             else:
                 out = self._attention(i, attn, x, fused, cos, sin, cache_position, attention_mask, scale)
             out = out.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim)
-            hidden = residual + attn.o_proj(out)
-            hidden = hidden + self._mlp(layer.mlp, layer.post_attention_layernorm(hidden))
+            hidden = residual + self._linear(attn.o_proj, out, self.o_splits if length == 1 else 1)
+            mlp = layer.mlp
+            down_splits = self.down_splits if length == 1 else 1
+            hidden = hidden + self._mlp(mlp, layer.post_attention_layernorm(hidden), down_splits)
         last = self.norm(hidden[:, -1, :])
         return self.lm_head(last)
 
@@ -196,9 +244,15 @@ class StaticDecoder:
         )
 
     @staticmethod
-    def _mlp(mlp, x: torch.Tensor) -> torch.Tensor:
+    def _linear(linear, x: torch.Tensor, splits: int) -> torch.Tensor:
+        """``linear(x)``, over ``splits`` slices of K where the weight allows (:func:`split_k_linear`)."""
+        splits = _splits_for(linear, splits) if splits > 1 else 1
+        return split_k_linear(x, linear, splits) if splits > 1 else linear(x)
+
+    @classmethod
+    def _mlp(cls, mlp, x: torch.Tensor, down_splits: int = 1) -> torch.Tensor:
         fused = getattr(mlp, FUSED_GATE_UP, None)
         if fused is None:
             return mlp(x)
         gate, up = torch.nn.functional.linear(x, fused).chunk(2, dim=-1)
-        return mlp.down_proj(mlp.act_fn(gate) * up)
+        return cls._linear(mlp.down_proj, mlp.act_fn(gate) * up, down_splits)
