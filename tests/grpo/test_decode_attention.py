@@ -173,7 +173,7 @@ STEP_CASES = textwrap.dedent(
 )
 
 STEP_SHAPES = [
-    (3, 14, 2, 64, 200, 130, 100, 1),  # shape B's groups of 7
+    (3, 14, 2, 64, 200, 130, 100, 1),  # shape B's groups of 7; slots 101-129 valid but not read
     (2, 9, 3, 32, 100, 64, 40, 4),  # the new slot in the second of four splits
     (2, 8, 2, 128, 160, 150, 149, 2),  # the new slot the last one read
 ]

@@ -97,6 +97,9 @@ def _kernels():
                 qa.dtype
             )
             slot = tl.load(slot_at)
+            # no slot after this one is written yet: its tiles are skipped, not read and masked (a
+            # bucket has up to 63 of them; a tile of padding only leaves the softmax state as it is)
+            last = tl.minimum(last, slot + 1)
             if (slot >= first) & (slot < last):
                 k_head = KV_HEADS * GROUP + kv_head
                 ka = tl.load(base + k_head * sq_h + dims).to(tl.float32)
@@ -205,7 +208,8 @@ def launch(
     ``rope = (heads, cos, sin, slot)``: ``q`` is the fused q/k/v projection ``[B, (heads + 2 H_kv) D]``
     before rotary embedding, ``cos``/``sin`` ``[B, D]``, ``slot`` a one-element tensor; the kernel
     rotates q and the new key, writes the new key and value into ``keys``/``values`` (the whole
-    buffers; ``valid`` ``[B, S]`` says how many slots attention reads) and attends (:func:`decode_step`)."""
+    buffers; attention reads the first ``S`` slots of ``valid`` ``[B, S]``, none after ``slot``) and
+    attends (:func:`decode_step`)."""
     if rope is not None:
         heads, cos, sin, slot = rope
         rows, d = q.shape[0], keys.shape[3]
@@ -266,7 +270,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 def reference_step(qkv, cos, sin, keys, values, valid, slot, heads: int, scale: float) -> torch.Tensor:
     """The twin of :func:`decode_step`: rotate, write the new key and value into the cache at
-    ``slot``, SDPA over the first ``valid.shape[1]`` slots."""
+    ``slot``, SDPA over the first ``valid.shape[1]`` slots up to ``slot`` where ``valid`` allows."""
     rows, d = qkv.shape[0], keys.shape[3]
     kv_heads = keys.shape[1]
     parts = qkv.view(rows, heads + 2 * kv_heads, d)
@@ -276,6 +280,7 @@ def reference_step(qkv, cos, sin, keys, values, valid, slot, heads: int, scale: 
     keys.index_copy_(2, slot, k[:, :, None].to(keys.dtype))
     values.index_copy_(2, slot, parts[:, heads + kv_heads :, None].to(values.dtype))
     span = valid.shape[1]
+    valid = valid & (torch.arange(span, device=valid.device) <= slot)  # nothing is written after slot
     return reference(q[:, :, None], keys[:, :, :span], values[:, :, :span], valid, scale)
 
 
@@ -295,8 +300,8 @@ def decode_step(
     before rotary embedding: rotates q and the new key by ``cos``/``sin`` (``[B, D]``, any leading
     ones), writes the new key and value into the cache buffers ``keys``/``values`` ``[B, H_kv, L, D]``
     at ``slot`` (a one-element tensor, below ``S``: the program whose share of the ``S`` slots holds
-    it writes it) and attends over the first ``S`` slots where ``valid`` ``[B, S]`` is true; returns
-    ``[B, heads, 1, D]``. Replaces the rotary, the two cache writes and
+    it writes it) and attends over the slots up to ``slot`` where ``valid`` ``[B, S]`` is true (the
+    later slots of the bucket, not written yet, are not read); returns ``[B, heads, 1, D]``. Replaces the rotary, the two cache writes and
     the attention of a decode step by one kernel (three launches of ~1.2-2.7 us per layer and
     step of shape B, issue #27)."""
     rows, kv_heads = qkv.shape[0], keys.shape[1]
