@@ -8,7 +8,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD/python:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# TOKENIZERS_PARALLELISM is left as a user has it (unset: the Rust tokenizer decodes a batch on
+# every core), for both trainers
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 OUT="${OUT:-/tmp/bench-grpo}" WORK="${WORK:-/tmp/bench-grpo-work}" TOKENIZER="${TOKENIZER:-/tmp/smol}"
 SHAPES="${SHAPES:-A,B,C}" TRL_SHAPES="${TRL_SHAPES:-A B}" TRL_STEPS="${TRL_STEPS:-4}"
 mkdir -p "$OUT" "$WORK"
