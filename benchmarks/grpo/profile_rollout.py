@@ -55,10 +55,47 @@ def timed_generate(engine: TorchRolloutEngine, prompts, params) -> tuple[list, f
     return gens, time.perf_counter() - start
 
 
+def phase_times(engine: TorchRolloutEngine, prompts, params) -> dict[str, float]:
+    """Wall seconds of one generate() by phase: before the decode loop (padding, prefill launches),
+    the loop until the GPU is done, and ``_finish`` (lengths, lists, detokenising)."""
+    marks: dict[str, float] = {}
+    loop, finish = engine._decode_loop, engine._finish
+
+    def timed_loop(*args, **kwargs):
+        marks["loop"] = time.perf_counter()
+        out = loop(*args, **kwargs)
+        torch.cuda.synchronize()
+        marks["loop_end"] = time.perf_counter()
+        return out
+
+    def timed_finish(*args, **kwargs):
+        marks["finish"] = time.perf_counter()
+        out = finish(*args, **kwargs)
+        marks["finish_end"] = time.perf_counter()
+        return out
+
+    engine._decode_loop, engine._finish = timed_loop, timed_finish
+    try:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        engine.generate(prompts, params)
+        end = time.perf_counter()
+    finally:
+        del engine._decode_loop, engine._finish
+    return {
+        "before loop": marks["loop"] - start,
+        "loop": marks["loop_end"] - marks["loop"],
+        "finish": marks["finish_end"] - marks["finish"],
+        "total": end - start,
+    }
+
+
 def main() -> None:
     args, tokenizer, prompts, params = rollout_setup(__doc__.splitlines()[0])
     engine = new_engine(args.model, tokenizer)
     _, wall = timed_generate(engine, prompts, params)
+    phases = phase_times(engine, prompts, params)
+    print("phases (s): " + ", ".join(f"{k} {v:.4f}" for k, v in phases.items()))
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         engine.generate(prompts, params)
         torch.cuda.synchronize()

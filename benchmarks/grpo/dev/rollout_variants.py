@@ -4,7 +4,8 @@ Variants, each a fresh engine (compile, capture and one warm-up rollout before t
 the torch sampler or the Triton kernel (``engines/sampling_kernel.py``), attention over the whole
 static cache or over buckets of the written slots (``torch_engine.ATTENTION_BUCKET``), SDPA or the
 grouped-query decode kernel (``engines/decode_attention.py``), the rotary embedding and cache writes
-as their own ops or inside that kernel (``decode_step``); by default only the last choice, the rest
+as their own ops or inside that kernel (``decode_step``), the narrow projections as one GEMM or
+over slices of K (``static_decoder.split_k_linear``); by default only the last choice, the rest
 with ROLLOUT_VARIANTS_SLOW=1, which also adds
 FlexAttention, inductor's GEMM autotuning and session 19's attention formulations (SDPA forced to
 memory-efficient attention, GQA as two batched matmuls). Prints wall seconds and the mean |logprob| difference
@@ -81,10 +82,14 @@ def variant(
     fused_step: bool = True,
     autotune: bool = False,
     attend=SDPA,
+    o_splits: int = static_decoder.O_SPLIT_K,
+    down_splits: int = static_decoder.DOWN_SPLIT_K,
 ):
     import torch._inductor.config as inductor_config
 
     saved = torch_engine.ATTENTION_BUCKET, sampling_kernel.applies, inductor_config.max_autotune_gemm
+    saved_splits = static_decoder.O_SPLIT_K, static_decoder.DOWN_SPLIT_K
+    static_decoder.O_SPLIT_K, static_decoder.DOWN_SPLIT_K = o_splits, down_splits
     saved_available, saved_init = decode_attention.available, static_decoder.StaticDecoder.__init__
     if not fused_step:  # rotary and cache writes as their own ops before the decode kernel (session 20)
 
@@ -106,15 +111,21 @@ def variant(
         decode_attention.available, static_decoder.StaticDecoder.__init__ = saved_available, saved_init
         static_decoder.StaticDecoder.attend = staticmethod(SDPA)
         torch_engine.ATTENTION_BUCKET, sampling_kernel.applies, inductor_config.max_autotune_gemm = saved
+        static_decoder.O_SPLIT_K, static_decoder.DOWN_SPLIT_K = saved_splits
 
 
 VARIANTS = {
-    "buckets of 64, GQA decode kernel, Triton sampler (session 20)": dict(
-        bucket=64, kernel=True, fused_step=False
+    "decode kernel with rotary and cache writes, down projection one GEMM (session 21)": dict(
+        bucket=64, kernel=True, down_splits=1
     ),
-    "... with rotary and cache writes inside the decode kernel (default)": dict(bucket=64, kernel=True),
+    "... down projection over 4 slices of K (default)": dict(bucket=64, kernel=True),
+    "... and the o projection over 2": dict(bucket=64, kernel=True, o_splits=2),
+    "... down over 2 slices": dict(bucket=64, kernel=True, down_splits=2),
 }
-if os.environ.get("ROLLOUT_VARIANTS_SLOW"):  # each measured once (sessions 19 and 20), not again by default
+if os.environ.get("ROLLOUT_VARIANTS_SLOW"):  # each measured once (sessions 19 to 21), not again by default
+    VARIANTS["buckets of 64, GQA decode kernel, Triton sampler (session 20)"] = dict(
+        bucket=64, kernel=True, fused_step=False, down_splits=1
+    )
     VARIANTS["whole cache, SDPA, torch sampler (session 19)"] = dict(
         bucket=WHOLE_CACHE, kernel=False, gqa_kernel=False
     )
