@@ -5,8 +5,7 @@ the torch sampler or the Triton kernel (``engines/sampling_kernel.py``), attenti
 static cache or over buckets of the written slots (``torch_engine.ATTENTION_BUCKET``), SDPA or the
 grouped-query decode kernel (``engines/decode_attention.py``), the rotary embedding and cache writes
 as their own ops or inside that kernel (``decode_step``), the narrow projections as one GEMM or
-over slices of K (``static_decoder.split_k_linear``), the weights prefetched into L2 during the
-attention kernel or not (``static_decoder.PREFETCH_WEIGHTS``); by default only the last choice, the rest
+over slices of K (``static_decoder.split_k_linear``); by default only the last choice, the rest
 with ROLLOUT_VARIANTS_SLOW=1, which also adds
 FlexAttention, inductor's GEMM autotuning and session 19's attention formulations (SDPA forced to
 memory-efficient attention, GQA as two batched matmuls). Prints wall seconds and the mean |logprob| difference
@@ -85,17 +84,12 @@ def variant(
     attend=SDPA,
     o_splits: int = static_decoder.O_SPLIT_K,
     down_splits: int = static_decoder.DOWN_SPLIT_K,
-    prefetch: tuple[str, ...] = static_decoder.PREFETCH_WEIGHTS,
 ):
     import torch._inductor.config as inductor_config
 
     saved = torch_engine.ATTENTION_BUCKET, sampling_kernel.applies, inductor_config.max_autotune_gemm
-    saved_splits = static_decoder.O_SPLIT_K, static_decoder.DOWN_SPLIT_K, static_decoder.PREFETCH_WEIGHTS
-    static_decoder.O_SPLIT_K, static_decoder.DOWN_SPLIT_K, static_decoder.PREFETCH_WEIGHTS = (
-        o_splits,
-        down_splits,
-        prefetch,
-    )
+    saved_splits = static_decoder.O_SPLIT_K, static_decoder.DOWN_SPLIT_K
+    static_decoder.O_SPLIT_K, static_decoder.DOWN_SPLIT_K = o_splits, down_splits
     saved_available, saved_init = decode_attention.available, static_decoder.StaticDecoder.__init__
     if not fused_step:  # rotary and cache writes as their own ops before the decode kernel (session 20)
 
@@ -117,19 +111,16 @@ def variant(
         decode_attention.available, static_decoder.StaticDecoder.__init__ = saved_available, saved_init
         static_decoder.StaticDecoder.attend = staticmethod(SDPA)
         torch_engine.ATTENTION_BUCKET, sampling_kernel.applies, inductor_config.max_autotune_gemm = saved
-        static_decoder.O_SPLIT_K, static_decoder.DOWN_SPLIT_K, static_decoder.PREFETCH_WEIGHTS = saved_splits
+        static_decoder.O_SPLIT_K, static_decoder.DOWN_SPLIT_K = saved_splits
 
 
 VARIANTS = {
-    "decode kernel with rotary and cache writes, projections one GEMM each (session 21)": dict(
-        bucket=64, kernel=True, down_splits=1, o_splits=1, prefetch=()
+    "decode kernel with rotary and cache writes, down projection one GEMM (session 21)": dict(
+        bucket=64, kernel=True, down_splits=1
     ),
-    "... o and down projections over 2 and 4 slices of K": dict(bucket=64, kernel=True, prefetch=()),
-    "... and the o and gate/up weights prefetched into L2 during attention (default)": dict(
-        bucket=64, kernel=True
-    ),
-    "... and o, gate/up and down prefetched": dict(bucket=64, kernel=True, prefetch=("o", "gate_up", "down")),
-    "... and only gate/up prefetched": dict(bucket=64, kernel=True, prefetch=("gate_up",)),
+    "... down projection over 4 slices of K (default)": dict(bucket=64, kernel=True),
+    "... and the o projection over 2": dict(bucket=64, kernel=True, o_splits=2),
+    "... down over 2 slices": dict(bucket=64, kernel=True, down_splits=2),
 }
 if os.environ.get("ROLLOUT_VARIANTS_SLOW"):  # each measured once (sessions 19 to 21), not again by default
     VARIANTS["buckets of 64, GQA decode kernel, Triton sampler (session 20)"] = dict(

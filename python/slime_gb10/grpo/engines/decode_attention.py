@@ -20,7 +20,6 @@ SGLang, are not in the PyTorch engine's dependencies.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
 
 import torch
 
@@ -63,45 +62,16 @@ def _kernels():
     import triton.language as tl
 
     @triton.jit
-    def prefetch_l2(base, nbytes, part, parts):
-        """Ask L2 for this program's share of the ``nbytes`` bytes at ``base``, in lines of 128 bytes
-        kept with the evict-last priority, without waiting for them (``prefetch`` has no result)."""
-        lines = tl.cdiv(nbytes, 128)
-        per = tl.cdiv(lines, parts)
-        first = part * per
-        byte_base = base.to(tl.pointer_type(tl.int8))
-        for i in range(0, per, 128):
-            line = tl.minimum(first + i + tl.arange(0, 128), lines - 1).to(tl.int64)
-            tl.inline_asm_elementwise(
-                "prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;",
-                "=r,l",
-                [byte_base + line * 128],
-                dtype=tl.int32,
-                is_pure=False,
-                pack=1,
-            )
-
-    @triton.jit
     def attend_split(
         q, k, v, valid, out, part_out, part_lse,
         slots, scale,
         sq_b, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sm_b, sm_s, so_b, so_h,
         cos, sin, slot_at, sc_b,
-        pf_a, pf_a_bytes, pf_b, pf_b_bytes, pf_c, pf_c_bytes,
         KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_P: tl.constexpr, D: tl.constexpr,
         BLOCK: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr, ROPE: tl.constexpr,
-        PREFETCH: tl.constexpr, KV_EVICT: tl.constexpr,
     ):  # fmt: skip
         pair = tl.program_id(0)  # row * KV_HEADS + kv head
         split = tl.program_id(1)
-        if PREFETCH > 0:  # the next layers' weights into L2 while this kernel reads the cache
-            part = pair * SPLITS + split
-            parts = tl.num_programs(0) * SPLITS
-            prefetch_l2(pf_a, pf_a_bytes, part, parts)
-            if PREFETCH > 1:
-                prefetch_l2(pf_b, pf_b_bytes, part, parts)
-            if PREFETCH > 2:
-                prefetch_l2(pf_c, pf_c_bytes, part, parts)
         row = pair // KV_HEADS
         kv_head = pair % KV_HEADS
         g = tl.arange(0, GROUP_P)
@@ -152,12 +122,7 @@ def _kernels():
             cols = start + tl.arange(0, BLOCK)
             inside = cols < last
             ok = tl.load(valid + row * sm_b + cols * sm_s, mask=inside, other=0) != 0
-            kt = tl.load(
-                k_base + cols[:, None] * sk_s + dims[None, :],
-                mask=inside[:, None],
-                other=0.0,
-                eviction_policy=KV_EVICT,
-            )
+            kt = tl.load(k_base + cols[:, None] * sk_s + dims[None, :], mask=inside[:, None], other=0.0)
             scores = tl.dot(qt, tl.trans(kt), input_precision=PRECISION) * scale  # [GROUP_P, BLOCK] in FP32
             scores = tl.where(ok[None, :], scores, float("-inf"))
             new_peak = tl.maximum(peak, tl.max(scores, 1))
@@ -165,12 +130,7 @@ def _kernels():
             p = tl.exp(scores - shift[:, None])
             alpha = tl.exp(peak - shift)
             total = total * alpha + tl.sum(p, 1)
-            vt = tl.load(
-                v_base + cols[:, None] * sv_s + dims[None, :],
-                mask=inside[:, None],
-                other=0.0,
-                eviction_policy=KV_EVICT,
-            )
+            vt = tl.load(v_base + cols[:, None] * sv_s + dims[None, :], mask=inside[:, None], other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PRECISION)
             peak = new_peak
         result = acc / tl.where(total > 0, total, 1.0)[:, None]
@@ -241,7 +201,6 @@ def launch(
     num_warps: int = 4,
     num_stages: int = 2,
     rope: tuple | None = None,
-    prefetch: Sequence[torch.Tensor] = (),
 ) -> torch.Tensor:
     """The kernels with ``splits`` programs per (row, KV head), a power of two (tests and
     ``benchmarks/grpo/dev/decode_kernel_sweep.py`` choose it and the tile).
@@ -277,10 +236,6 @@ def launch(
         part_lse = torch.empty((rows, heads, splits), dtype=torch.float32, device=q.device)
     else:
         part_out = part_lse = out  # unused
-    # prefetching is a GPU instruction (inline PTX): the interpreter runs without it
-    prefetch = [t for t in prefetch if t.is_cuda][:3]
-    targets = [x for t in prefetch for x in (t, t.numel() * t.element_size())]
-    targets += [q, 0] * (3 - len(prefetch))  # unused
     attend_split, merge_splits = _kernels()
     attend_split[(rows * kv_heads, splits)](
         q, keys, values, valid, out, part_out, part_lse,
@@ -288,11 +243,10 @@ def launch(
         sq_b, sq_h, keys.stride(0), keys.stride(1), keys.stride(2),
         values.stride(0), values.stride(1), values.stride(2), valid.stride(0), valid.stride(1),
         out.stride(0), out.stride(1),
-        *extra, *targets,
+        *extra,
         KV_HEADS=kv_heads, GROUP=group, GROUP_P=max(16, 1 << (group - 1).bit_length()), D=d,
         BLOCK=block, SPLITS=splits, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        ROPE=rope is not None, PREFETCH=len(prefetch), KV_EVICT="evict_first" if prefetch else "",
-        num_warps=num_warps, num_stages=num_stages,
+        ROPE=rope is not None, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if splits > 1:
         merge_splits[(rows * heads,)](
@@ -341,26 +295,20 @@ def decode_step(
     slot: torch.Tensor,
     heads: int,
     scale: float,
-    prefetch: list[torch.Tensor],
 ) -> torch.Tensor:
     """One decode step's attention from the fused q/k/v projection ``qkv`` ``[B, (heads + 2 H_kv) D]``
     before rotary embedding: rotates q and the new key by ``cos``/``sin`` (``[B, D]``, any leading
     ones), writes the new key and value into the cache buffers ``keys``/``values`` ``[B, H_kv, L, D]``
     at ``slot`` (a one-element tensor, below ``S``: the program whose share of the ``S`` slots holds
     it writes it) and attends over the slots up to ``slot`` where ``valid`` ``[B, S]`` is true (the
-    later slots of the bucket, not written yet, are not read); returns ``[B, heads, 1, D]``. Replaces
-    the rotary, the two cache writes and the attention of a decode step by one kernel (three
-    launches of ~1.2-2.7 us per layer and step of shape B, issue #27).
-
-    ``prefetch``: up to three tensors (on a GPU; may be empty) the kernel asks L2 to fetch while it reads the cache,
-    the weights of the projections that follow; the cache is then read with the evict-first hint."""
+    later slots of the bucket, not written yet, are not read); returns ``[B, heads, 1, D]``. Replaces the rotary, the two cache writes and
+    the attention of a decode step by one kernel (three launches of ~1.2-2.7 us per layer and
+    step of shape B, issue #27)."""
     rows, kv_heads = qkv.shape[0], keys.shape[1]
     splits = splits_for(rows, kv_heads, valid.shape[1], qkv.device)
-    return launch(
-        qkv, keys, values, valid, scale, splits, rope=(heads, cos, sin, slot), prefetch=prefetch
-    )
+    return launch(qkv, keys, values, valid, scale, splits, rope=(heads, cos, sin, slot))
 
 
 @decode_step.register_fake
-def _(qkv, cos, sin, keys, values, valid, slot, heads, scale, prefetch):
+def _(qkv, cos, sin, keys, values, valid, slot, heads, scale):
     return qkv.new_empty((qkv.shape[0], heads, 1, keys.shape[3]))

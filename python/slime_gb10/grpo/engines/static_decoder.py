@@ -76,10 +76,6 @@ def _splits_for(linear, splits: int) -> int:
     return splits if ok else 1
 
 
-#: The weights a one-token step's attention kernel asks L2 to fetch while it reads the KV cache
-#: (decode_attention.decode_step's ``prefetch``): the projections after it in the layer
-PREFETCH_WEIGHTS: tuple[str, ...] = ("o", "gate_up")
-
 FUSED_QKV = "_slime_gb10_qkv"
 FUSED_GATE_UP = "_slime_gb10_gate_up"
 
@@ -200,7 +196,6 @@ class StaticDecoder:
                     cache_position,
                     self.num_heads,
                     scale,
-                    self._prefetch(layer),
                 )
             else:
                 out = self._attention(i, attn, x, fused, cos, sin, cache_position, attention_mask, scale)
@@ -247,16 +242,6 @@ class StaticDecoder:
         return torch.nn.functional.scaled_dot_product_attention(
             q, keys, values, attn_mask=mask, scale=scale, enable_gqa=gqa
         )
-
-    @staticmethod
-    def _prefetch(layer) -> list[torch.Tensor]:
-        """The weights of ``layer`` named in :data:`PREFETCH_WEIGHTS`, for the attention kernel to prefetch."""
-        weights = {
-            "o": getattr(layer.self_attn.o_proj, "weight", None),
-            "gate_up": getattr(layer.mlp, FUSED_GATE_UP, None),
-            "down": getattr(layer.mlp.down_proj, "weight", None),
-        }
-        return [weights[name] for name in PREFETCH_WEIGHTS if weights.get(name) is not None]
 
     @staticmethod
     def _linear(linear, x: torch.Tensor, splits: int) -> torch.Tensor:
