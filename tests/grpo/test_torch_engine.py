@@ -225,6 +225,43 @@ def test_the_static_decoder_with_split_k_projections_decodes_like_without(tiny_d
     assert not torch.equal(runs[0][0], torch.zeros_like(runs[0][0]))
 
 
+def test_a_prompt_asked_for_several_times_is_prefilled_once(tiny_dir, tokenizer, monkeypatch):
+    """GRPO's G rows per prompt: the distinct prompts run once and every row gets their K/V and
+    logits, the same (FP32) as prefilling each row; then a sampled rollout of the repeated prompts
+    is the rollout of each prompt alone, row for row (each row draws from its own key)."""
+    model = load_causal_lm(str(tiny_dir))
+    engine = TorchRolloutEngine(model, tokenizer, "cpu", eos_token_ids=[0], decode="static")
+    prompts = _prompts(tokenizer)
+    repeated = [prompts[i] for i in (0, 1, 0, 2, 1, 0)]
+    width = max(map(len, repeated))
+    input_ids, valid = engine._left_pad(repeated, width)
+    runs = []
+    never_equal = [list(p) + [-1] * row for row, p in enumerate(repeated)]  # every row prefilled
+    for seen in (never_equal, repeated):
+        decoder = StaticDecoder(model, len(repeated), width + 4)
+        with torch.inference_mode():
+            logits = TorchRolloutEngine._prefill(decoder, seen, input_ids, valid)
+        runs.append((logits, torch.stack(decoder.keys), torch.stack(decoder.values)))
+    for plain, shared in zip(*runs):
+        torch.testing.assert_close(shared, plain, atol=1e-5, rtol=1e-5)
+    built = []
+    monkeypatch.setattr(
+        torch_engine, "StaticDecoder", lambda *args: built.append(args[1]) or StaticDecoder(*args)
+    )
+    params = SamplingParams(max_new_tokens=6, seed=5)
+    together = engine.generate(repeated, params)
+    assert built == [len(repeated), 3]  # the decoder of the rollout, then one for the 3 distinct prompts
+    for row, prompt in enumerate(repeated):
+        alone = engine.generate([prompt], SamplingParams(max_new_tokens=6, seed=5 + row))[0]
+        assert together[row].completion_ids == alone.completion_ids
+        torch.testing.assert_close(
+            torch.tensor(together[row].completion_logprobs),
+            torch.tensor(alone.completion_logprobs),
+            atol=1e-4,
+            rtol=0,
+        )
+
+
 def test_seeded_sampling_is_reproducible(engine, tokenizer):
     prompts = _prompts(tokenizer) * 2
     a = engine.generate(prompts, SamplingParams(max_new_tokens=8, seed=11))

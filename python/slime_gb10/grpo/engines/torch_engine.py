@@ -2,7 +2,7 @@
 
 Not ``model.generate``: a small decode loop over the HF model that (1) left-pads the prompts of a
 batch (sorted by length, so similar lengths share a batch), (2) runs the prefill keeping only the
-last position's logits, (3) samples each next token by inverting its row's CDF at a uniform
+last position's logits (on the static path once per distinct prompt of the batch), (3) samples each next token by inverting its row's CDF at a uniform
 drawn from the row's own key (an exact categorical sample with no CPU sync, the same whatever
 else shares the batch) and records its logprob under ``softmax(logits / T)`` on the fly, so no ``[steps, batch, vocab]`` score
 tensors are kept, and (4) stops as soon as every row has finished.
@@ -318,7 +318,7 @@ class TorchRolloutEngine(RolloutEngine):
         self, prompts: list[list[int]], params: SamplingParams, keys: torch.Tensor
     ) -> list[Generation]:
         """Static KV cache; decode steps replayed from a CUDA graph when ``decode == "cuda_graph"``."""
-        device, batch = self.device, len(prompts)
+        batch = len(prompts)
         width = max(len(p) for p in prompts)
         cache_len = -(-(width + params.max_new_tokens) // 64) * 64  # round up: few distinct graphs
         key = (batch, cache_len)
@@ -328,12 +328,7 @@ class TorchRolloutEngine(RolloutEngine):
             if self.compile_decode:
                 compile_decode_step(decoder)
         input_ids, valid = self._left_pad(prompts, width)
-        position_ids = (valid.long().cumsum(-1) - 1).clamp(min=0)
-        # prefill mask [B, 1, W, W]: causal, valid keys only; a padding query sees itself (no empty rows -> no NaN)
-        causal = torch.tril(torch.ones((width, width), dtype=torch.bool, device=device))
-        eye = torch.eye(width, dtype=torch.bool, device=device)
-        prefill_mask = ((causal[None] & valid[:, None, :]) | eye[None])[:, None]
-        logits = decoder.forward(input_ids, position_ids, torch.arange(width, device=device), prefill_mask)
+        logits = self._prefill(decoder, prompts, input_ids, valid)
 
         step_inputs = self._graphs.get(key) if self.decode == "cuda_graph" else None
         if step_inputs is None:
@@ -353,6 +348,42 @@ class TorchRolloutEngine(RolloutEngine):
 
         tokens, logprobs, stop_hit = self._decode_loop(logits, advance, params, keys)
         return self._finish(prompts, tokens, logprobs, stop_hit, params)
+
+    @staticmethod
+    def _prefill(
+        decoder: StaticDecoder, prompts, input_ids: torch.Tensor, valid: torch.Tensor
+    ) -> torch.Tensor:
+        """The prompts' K/V into ``decoder``'s cache and the last position's logits ``[B, V]``.
+
+        GRPO asks for each prompt G times: the distinct prompts are run once (a decoder of their own,
+        shape B's 160 rows are 20 prompts) and their K/V and logits copied to every row that has
+        them; the issue #27 idea of a prefill "batched once per group". The rows' samples differ from
+        the first token on, each row drawing from its own key."""
+        device, width = input_ids.device, input_ids.shape[1]
+        index: dict[tuple[int, ...], int] = {}
+        which = [index.setdefault(tuple(p), len(index)) for p in prompts]  # each row's distinct prompt
+        shared = len(index) < len(prompts)
+        runner = decoder
+        if shared:
+            firsts = []  # the first row of each distinct prompt
+            for row, w in enumerate(which):
+                if w == len(firsts):
+                    firsts.append(row)
+            firsts = torch.tensor(firsts, device=device)
+            input_ids, valid = input_ids[firsts], valid[firsts]
+            runner = StaticDecoder(decoder.model, len(index), width)
+        position_ids = (valid.long().cumsum(-1) - 1).clamp(min=0)
+        # prefill mask [B, 1, W, W]: causal, valid keys only; a padding query sees itself (no empty rows -> no NaN)
+        causal = torch.tril(torch.ones((width, width), dtype=torch.bool, device=device))
+        eye = torch.eye(width, dtype=torch.bool, device=device)
+        mask = ((causal[None] & valid[:, None, :]) | eye[None])[:, None]
+        logits = runner.forward(input_ids, position_ids, torch.arange(width, device=device), mask)
+        if not shared:
+            return logits
+        expand = torch.tensor(which, device=device)
+        for cache, prefilled in zip((*decoder.keys, *decoder.values), (*runner.keys, *runner.values)):
+            cache[:, :, :width] = prefilled[expand]
+        return logits[expand]
 
     def _decode_step(self, key, step_inputs: _GraphedStep, length: int) -> torch.Tensor:
         if self.decode != "cuda_graph":
