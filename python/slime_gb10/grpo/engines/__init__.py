@@ -1,7 +1,7 @@
 """Rollout engines: ``torch_engine`` (portable reference), ``sglang_engine`` (GB10 production).
 
-The torch engine's GPU kernels (``sampling_kernel``, ``decode_attention``) are Triton's, imported
-lazily: the package and its CPU path work without Triton.
+The torch engine's GPU kernels (``sampling_kernel``, ``decode_attention``, ``step_kernel``) are
+Triton's, imported lazily: the package and its CPU path work without Triton.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from slime_gb10.grpo.engines import step_kernel
 from slime_gb10.grpo.engines.sampling import row_uniforms, sample_next_token
 from slime_gb10.grpo.engines.static_decoder import StaticDecoder, fuse_projections, supports_static_decoding
 from slime_gb10.grpo.interfaces import Generation, RolloutEngine, SamplingParams
@@ -250,13 +251,22 @@ class TorchRolloutEngine(RolloutEngine):
             valid[row, width - len(prompt) :] = True
         return input_ids.to(self.device), valid.to(self.device)
 
-    def _decode_loop(self, logits, advance, params: SamplingParams, keys: torch.Tensor):
+    def _record(self, token: torch.Tensor, finished: torch.Tensor, step: int) -> torch.Tensor:
+        """The recorded token of each row (the pad token once a row has finished); rows whose
+        recorded token is an end of sequence join ``finished`` (in place)."""
+        token = torch.where(finished, torch.full_like(token, self.pad_token_id), token)
+        finished |= torch.isin(token, self.eos_token_ids)
+        return token
+
+    def _decode_loop(self, logits, advance, params: SamplingParams, keys: torch.Tensor, record=None):
         """The per-token loop both decode paths share.
 
         Sample from ``logits`` [B, V], pad rows that already finished, finish rows on EOS or a stop
         string, and stop at the token budget or (one host sync every 4 steps) once every row is done.
-        ``advance(token, step)`` runs the model one step and returns the next logits.
+        ``record(token, finished, step)`` (default :meth:`_record`) pads and marks the sampled
+        tokens; ``advance(token, step)`` runs the model one step and returns the next logits.
         """
+        record = record or self._record
         batch = logits.shape[0]
         finished = torch.zeros(batch, dtype=torch.bool, device=logits.device)
         tokens: list[torch.Tensor] = []
@@ -269,12 +279,11 @@ class TorchRolloutEngine(RolloutEngine):
         all_finished = _AllFinished(logits.device)
         for step in range(params.max_new_tokens):
             token, logprob = sample_next_token(logits, params, uniforms=uniforms[step])
-            token = torch.where(finished, torch.full_like(token, self.pad_token_id), token)
+            token = record(token, finished, step)
             tokens.append(token)
             logprobs.append(logprob)
-            finished = finished | torch.isin(token, self.eos_token_ids)
             if params.stop:
-                finished = finished | self._stop_strings_hit(tokens, finished, params.stop, stop_hit)
+                finished |= self._stop_strings_hit(tokens, finished, params.stop, stop_hit)
             if step == params.max_new_tokens - 1:
                 break
             if step % 4 == 3 and all_finished.check(finished):
@@ -337,16 +346,26 @@ class TorchRolloutEngine(RolloutEngine):
         step_inputs.mask[:, 0, 0, :width] = valid
         step_inputs.position_ids.copy_(valid.long().sum(-1, keepdim=True))
 
-        def advance(token: torch.Tensor, step: int) -> torch.Tensor:
-            slot = width + step
-            step_inputs.input_ids.copy_(token[:, None])
-            step_inputs.cache_position.fill_(slot)
-            step_inputs.mask[:, 0, 0, slot] = True
-            if step > 0:
-                step_inputs.position_ids.add_(1)
-            return self._decode_step(key, step_inputs, attention_length(slot, cache_len))
+        # the recorded token is the next step's input: one kernel on a GPU pads and marks the
+        # tokens and writes the graph's inputs (step_kernel.py), the twin's eight ops elsewhere
+        fused = step_kernel.applies(logits)
+        feed = step_kernel.record_and_feed if fused else step_kernel.record_and_feed_reference
+        inputs = (
+            step_inputs.input_ids,
+            step_inputs.position_ids,
+            step_inputs.cache_position,
+            step_inputs.mask,
+        )
 
-        tokens, logprobs, stop_hit = self._decode_loop(logits, advance, params, keys)
+        def record(token: torch.Tensor, finished: torch.Tensor, step: int) -> torch.Tensor:
+            return feed(
+                token, finished, self.eos_token_ids, self.pad_token_id, *inputs, width + step, int(step > 0)
+            )
+
+        def advance(token: torch.Tensor, step: int) -> torch.Tensor:
+            return self._decode_step(key, step_inputs, attention_length(width + step, cache_len))
+
+        tokens, logprobs, stop_hit = self._decode_loop(logits, advance, params, keys, record)
         return self._finish(prompts, tokens, logprobs, stop_hit, params)
 
     @staticmethod
