@@ -141,11 +141,15 @@ STEP_CASES = textwrap.dedent(
         emb = torch.cat([angles, angles], -1)
         return emb.cos().to(dtype)[:, None, None, :], emb.sin().to(dtype)[:, None, None, :]
 
-    def compare_step(device, shapes, dtype, compile_backend=None):
+    def compare_step(device, shapes, dtype, compile_backend=None, parts=0):
+        # parts: the projection as that many FP32 partial products and a bias (0: as stored)
         gen = torch.Generator().manual_seed(12)
         report = []
         for rows, heads, kv_heads, d, buffer, span, slot, splits in shapes:
-            qkv = torch.randn(rows, (heads + 2 * kv_heads) * d, generator=gen).to(dtype)
+            width = (heads + 2 * kv_heads) * d
+            qkv = torch.randn(*([parts] if parts else []), rows, width, generator=gen)
+            qkv = qkv / max(parts, 1) if parts else qkv.to(dtype)
+            bias = (torch.randn(width, generator=gen) / 4).to(dtype) if parts else None
             cos, sin = rotary(rows, d, gen, dtype)
             keys = torch.randn(rows, kv_heads, buffer, d, generator=gen).to(dtype)
             values = torch.randn(rows, kv_heads, buffer, d, generator=gen).to(dtype)
@@ -154,15 +158,17 @@ STEP_CASES = textwrap.dedent(
                 valid[r, : (r * 37) % 71 % slot] = False  # left padding, never the new slot
             on = lambda t: t.to(device)
             k_want, v_want = keys.clone(), values.clone()
-            want = da.reference_step(qkv, cos, sin, k_want, v_want, valid, torch.tensor([slot]), heads, d ** -0.5)
+            want = da.reference_step(qkv, cos, sin, k_want, v_want, valid, torch.tensor([slot]), heads, d ** -0.5,
+                                     bias)
             k_got, v_got = on(keys), on(values)
             args = (on(qkv), on(cos), on(sin), k_got, v_got, on(valid), on(torch.tensor([slot])))
+            bias = None if bias is None else on(bias)
             if compile_backend:  # the custom op inside torch.compile: its cache writes must reach the buffers
                 step = torch.compile(da.decode_step, backend=compile_backend, fullgraph=True)
-                got = step(*args, heads, d ** -0.5)
+                got = step(*args, heads, d ** -0.5, bias)
             else:
                 got = da.launch(*args[:1], k_got, v_got, args[5], d ** -0.5, splits,
-                                rope=(heads, args[1], args[2], args[6]))
+                                rope=(heads, args[1], args[2], args[6]), qkv_bias=bias)
             report.append({"shape": [rows, heads, kv_heads, d, buffer, span, slot, splits],
                            "error": float((got.cpu().double() - want.double()).abs().max()),
                            "cache_error": max(float((k_got.cpu().double() - k_want.double()).abs().max()),
@@ -195,7 +201,9 @@ def test_the_fused_decode_step_is_its_twin_under_the_interpreter():
     script = STEP_CASES + (
         f"\nprint(json.dumps(compare_step('cpu', {STEP_SHAPES!r}, torch.float16)"
         f" + compare_step('cpu', {STEP_SHAPES!r}, torch.float32)"
-        f" + compare_step('cpu', {STEP_SHAPES[:1]!r}, torch.float32, 'aot_eager')))\n"
+        f" + compare_step('cpu', {STEP_SHAPES[:1]!r}, torch.float32, 'aot_eager')"
+        f" + compare_step('cpu', {STEP_SHAPES!r}, torch.float16, parts=2)"
+        f" + compare_step('cpu', {STEP_SHAPES[:1]!r}, torch.float32, 'aot_eager', parts=3)))\n"
     )
     _check_step(_interpret(script), 2e-3, cache_limit=1e-6)
 
@@ -210,6 +218,9 @@ def test_the_fused_decode_step_is_its_twin_on_gpu():
     _check_step(namespace["compare_step"]("cuda", shapes, torch.bfloat16), 1.6e-2)
     _check_step(namespace["compare_step"]("cuda", shapes[:2], torch.float32), 1e-5, cache_limit=1e-5)
     _check_step(namespace["compare_step"]("cuda", shapes[-1:], torch.bfloat16, "inductor"), 1.6e-2)
+    # the projection as FP32 partial products and a bias, summed in the kernel (static_decoder's QKV_SPLIT_K)
+    _check_step(namespace["compare_step"]("cuda", shapes, torch.bfloat16, parts=2), 1.6e-2)
+    _check_step(namespace["compare_step"]("cuda", shapes[-1:], torch.bfloat16, "inductor", parts=2), 1.6e-2)
 
 
 ENGINE_STEP = textwrap.dedent(
@@ -219,7 +230,7 @@ ENGINE_STEP = textwrap.dedent(
     from transformers import Qwen2Config, Qwen2ForCausalLM
     from slime_gb10.grpo.engines.static_decoder import StaticDecoder, fuse_projections
 
-    def decode(device, dtype, fused_step):
+    def decode(device, dtype, fused_step, qkv_splits=1):
         torch.manual_seed(0)
         config = Qwen2Config(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                              intermediate_size=96, vocab_size=101, max_position_embeddings=64)
@@ -228,6 +239,7 @@ ENGINE_STEP = textwrap.dedent(
         batch, width, cache_len = 3, 5, 16
         decoder = StaticDecoder(model, batch, cache_len)
         decoder.decode_kernel, decoder.fused_step = True, fused_step  # off a GPU, under the interpreter
+        decoder.qkv_splits = qkv_splits  # the kernel sums the q/k/v projection's partial products
         gen = torch.Generator().manual_seed(1)
         ids = torch.randint(0, 101, (batch, width), generator=gen).to(device)
         valid = torch.ones(batch, width, dtype=torch.bool, device=device)
@@ -250,8 +262,8 @@ ENGINE_STEP = textwrap.dedent(
                 step_logits.append(logits.double().cpu())
         return torch.stack(step_logits), torch.stack(decoder.keys).double().cpu(), torch.stack(decoder.values).double().cpu()
 
-    def compare(device, dtype):
-        fused, plain = decode(device, dtype, True), decode(device, dtype, False)
+    def compare(device, dtype, qkv_splits=1):
+        fused, plain = decode(device, dtype, True, qkv_splits), decode(device, dtype, False)
         return {name: float((a - b).abs().max() / b.abs().max()) for name, a, b in zip(("logits", "keys", "values"), fused, plain)}
     """
 )
@@ -261,9 +273,11 @@ ENGINE_STEP = textwrap.dedent(
 def test_the_static_decoders_fused_step_decodes_like_its_separate_ops_under_the_interpreter():
     """Qwen2 (fused q/k/v with bias), FP32, a left-padded row, three one-token steps: logits and
     the whole KV cache after them as with the rotary, cache writes and attention as separate ops."""
-    script = ENGINE_STEP + "\nprint(json.dumps(compare('cpu', torch.float32)))\n"
-    errors = _interpret(script)
-    assert all(error < 1e-5 for error in errors.values()), errors
+    script = (
+        ENGINE_STEP + "\nprint(json.dumps([compare('cpu', torch.float32, splits) for splits in (1, 2)]))\n"
+    )
+    for errors in _interpret(script):
+        assert all(error < 1e-5 for error in errors.values()), errors
 
 
 @pytest.mark.gpu
@@ -272,7 +286,8 @@ def test_the_static_decoders_fused_step_decodes_like_its_separate_ops_on_gpu():
         pytest.skip("needs a CUDA device")
     namespace: dict = {}
     exec(ENGINE_STEP, namespace)
-    errors = namespace["compare"]("cuda", torch.float32)
-    assert all(error < 1e-5 for error in errors.values()), errors
-    errors = namespace["compare"]("cuda", torch.bfloat16)
-    assert all(error < 2e-2 for error in errors.values()), errors  # GRAPH_REPLAY_TOLERANCE's BF16 limit
+    for splits in (1, 2):
+        errors = namespace["compare"]("cuda", torch.float32, splits)
+        assert all(error < 1e-5 for error in errors.values()), errors
+        errors = namespace["compare"]("cuda", torch.bfloat16, splits)
+        assert all(error < 2e-2 for error in errors.values()), errors  # GRAPH_REPLAY_TOLERANCE's BF16 limit

@@ -84,12 +84,17 @@ def variant(
     attend=SDPA,
     o_splits: int = static_decoder.O_SPLIT_K,
     down_splits: int = static_decoder.DOWN_SPLIT_K,
+    qkv_splits: int = static_decoder.QKV_SPLIT_K,
 ):
     import torch._inductor.config as inductor_config
 
     saved = torch_engine.ATTENTION_BUCKET, sampling_kernel.applies, inductor_config.max_autotune_gemm
-    saved_splits = static_decoder.O_SPLIT_K, static_decoder.DOWN_SPLIT_K
-    static_decoder.O_SPLIT_K, static_decoder.DOWN_SPLIT_K = o_splits, down_splits
+    saved_splits = static_decoder.O_SPLIT_K, static_decoder.DOWN_SPLIT_K, static_decoder.QKV_SPLIT_K
+    static_decoder.O_SPLIT_K, static_decoder.DOWN_SPLIT_K, static_decoder.QKV_SPLIT_K = (
+        o_splits,
+        down_splits,
+        qkv_splits,
+    )
     saved_available, saved_init = decode_attention.available, static_decoder.StaticDecoder.__init__
     if not fused_step:  # rotary and cache writes as their own ops before the decode kernel (session 20)
 
@@ -111,20 +116,19 @@ def variant(
         decode_attention.available, static_decoder.StaticDecoder.__init__ = saved_available, saved_init
         static_decoder.StaticDecoder.attend = staticmethod(SDPA)
         torch_engine.ATTENTION_BUCKET, sampling_kernel.applies, inductor_config.max_autotune_gemm = saved
-        static_decoder.O_SPLIT_K, static_decoder.DOWN_SPLIT_K = saved_splits
+        static_decoder.O_SPLIT_K, static_decoder.DOWN_SPLIT_K, static_decoder.QKV_SPLIT_K = saved_splits
 
 
 VARIANTS = {
-    "decode kernel with rotary and cache writes, down projection one GEMM (session 21)": dict(
-        bucket=64, kernel=True, down_splits=1
+    "decode kernel with rotary and cache writes, projections one GEMM each (session 21)": dict(
+        bucket=64, kernel=True, down_splits=1, o_splits=1, qkv_splits=1
     ),
-    "... down projection over 4 slices of K (default)": dict(bucket=64, kernel=True),
-    "... and the o projection over 2": dict(bucket=64, kernel=True, o_splits=2),
-    "... down over 2 slices": dict(bucket=64, kernel=True, down_splits=2),
+    "... the o and down projections over 2 and 4 slices of K": dict(bucket=64, kernel=True, qkv_splits=1),
+    "... and q/k/v over 2, summed in the decode kernel (default)": dict(bucket=64, kernel=True),
 }
 if os.environ.get("ROLLOUT_VARIANTS_SLOW"):  # each measured once (sessions 19 to 21), not again by default
     VARIANTS["buckets of 64, GQA decode kernel, Triton sampler (session 20)"] = dict(
-        bucket=64, kernel=True, fused_step=False, down_splits=1
+        bucket=64, kernel=True, fused_step=False, down_splits=1, o_splits=1, qkv_splits=1
     )
     VARIANTS["whole cache, SDPA, torch sampler (session 19)"] = dict(
         bucket=WHOLE_CACHE, kernel=False, gqa_kernel=False

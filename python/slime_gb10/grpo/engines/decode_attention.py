@@ -58,106 +58,10 @@ def available(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: in
 
 @functools.cache
 def _kernels():
-    import triton
-    import triton.language as tl
+    """Import the Triton kernels on first use (``_decode_kernels.py``)."""
+    from slime_gb10.grpo.engines import _decode_kernels as k
 
-    @triton.jit
-    def attend_split(
-        q, k, v, valid, out, part_out, part_lse,
-        slots, scale,
-        sq_b, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sm_b, sm_s, so_b, so_h,
-        cos, sin, slot_at, sc_b,
-        KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_P: tl.constexpr, D: tl.constexpr,
-        BLOCK: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr, ROPE: tl.constexpr,
-    ):  # fmt: skip
-        pair = tl.program_id(0)  # row * KV_HEADS + kv head
-        split = tl.program_id(1)
-        row = pair // KV_HEADS
-        kv_head = pair % KV_HEADS
-        g = tl.arange(0, GROUP_P)
-        dims = tl.arange(0, D)
-        heads = kv_head * GROUP + g
-        real = g < GROUP
-        per_split = tl.cdiv(tl.cdiv(slots, BLOCK), SPLITS) * BLOCK
-        first = split * per_split
-        last = tl.minimum(first + per_split, slots)
-        if ROPE:
-            # q is the row's fused q/k/v projection ([H + 2 H_kv] heads of D, stride sq_h): rotate q
-            # and the new key (HF's x cos + rotate_half(x) sin, rotate_half(x) = [-x2, x1]), round
-            # them to the cache dtype as the plain step does, and write the new key and value into
-            # the cache slot `slot_at` from the program whose share of the slots holds it
-            half = (dims + D // 2) % D
-            sign = tl.where(dims < D // 2, -1.0, 1.0)
-            c = tl.load(cos + row * sc_b + dims).to(tl.float32)
-            s_ = tl.load(sin + row * sc_b + dims).to(tl.float32)
-            base = q + row * sq_b
-            qa = tl.load(base + heads[:, None] * sq_h + dims[None, :], mask=real[:, None], other=0.0)
-            qb = tl.load(base + heads[:, None] * sq_h + half[None, :], mask=real[:, None], other=0.0)
-            qt = (qa.to(tl.float32) * c[None, :] + sign[None, :] * qb.to(tl.float32) * s_[None, :]).to(
-                qa.dtype
-            )
-            slot = tl.load(slot_at)
-            # no slot after this one is written yet: its tiles are skipped, not read and masked (a
-            # bucket has up to 63 of them; a tile of padding only leaves the softmax state as it is)
-            last = tl.minimum(last, slot + 1)
-            if (slot >= first) & (slot < last):
-                k_head = KV_HEADS * GROUP + kv_head
-                ka = tl.load(base + k_head * sq_h + dims).to(tl.float32)
-                kb = tl.load(base + k_head * sq_h + half).to(tl.float32)
-                k_new = ka * c + sign * kb * s_
-                v_new = tl.load(base + (k_head + KV_HEADS) * sq_h + dims)
-                tl.store(k + row * sk_b + kv_head * sk_h + slot * sk_s + dims, k_new.to(k.dtype.element_ty))
-                tl.store(v + row * sv_b + kv_head * sv_h + slot * sv_s + dims, v_new.to(v.dtype.element_ty))
-                tl.debug_barrier()  # the writes above before this program's threads read the slot
-        else:
-            qt = tl.load(
-                q + row * sq_b + heads[:, None] * sq_h + dims[None, :], mask=real[:, None], other=0.0
-            )
-        peak = tl.full((GROUP_P,), float("-inf"), tl.float32)
-        total = tl.zeros((GROUP_P,), tl.float32)
-        acc = tl.zeros((GROUP_P, D), tl.float32)
-        k_base = k + row * sk_b + kv_head * sk_h
-        v_base = v + row * sv_b + kv_head * sv_h
-        for start in range(first, last, BLOCK):
-            cols = start + tl.arange(0, BLOCK)
-            inside = cols < last
-            ok = tl.load(valid + row * sm_b + cols * sm_s, mask=inside, other=0) != 0
-            kt = tl.load(k_base + cols[:, None] * sk_s + dims[None, :], mask=inside[:, None], other=0.0)
-            scores = tl.dot(qt, tl.trans(kt), input_precision=PRECISION) * scale  # [GROUP_P, BLOCK] in FP32
-            scores = tl.where(ok[None, :], scores, float("-inf"))
-            new_peak = tl.maximum(peak, tl.max(scores, 1))
-            shift = tl.where(new_peak == float("-inf"), 0.0, new_peak)  # a block of padding only
-            p = tl.exp(scores - shift[:, None])
-            alpha = tl.exp(peak - shift)
-            total = total * alpha + tl.sum(p, 1)
-            vt = tl.load(v_base + cols[:, None] * sv_s + dims[None, :], mask=inside[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PRECISION)
-            peak = new_peak
-        result = acc / tl.where(total > 0, total, 1.0)[:, None]
-        if SPLITS == 1:
-            target = out + row * so_b + heads[:, None] * so_h + dims[None, :]
-            tl.store(target, result.to(out.dtype.element_ty), mask=real[:, None])
-        else:
-            lse = tl.where(total > 0, peak + tl.log(total), float("-inf"))
-            slot = (row * KV_HEADS * GROUP + heads) * SPLITS + split  # [B, H, SPLITS]
-            tl.store(part_lse + slot, lse, mask=real)
-            tl.store(part_out + slot[:, None] * D + dims[None, :], result, mask=real[:, None])
-
-    @triton.jit
-    def merge_splits(part_out, part_lse, out, heads_total, so_b, so_h, D: tl.constexpr, SPLITS: tl.constexpr):
-        pair = tl.program_id(0)  # row * H + head
-        row = pair // heads_total
-        head = pair % heads_total
-        splits = tl.arange(0, SPLITS)
-        dims = tl.arange(0, D)
-        lse = tl.load(part_lse + pair * SPLITS + splits)
-        peak = tl.max(lse, 0)
-        weight = tl.where(lse == float("-inf"), 0.0, tl.exp(lse - peak))
-        parts = tl.load(part_out + (pair * SPLITS + splits)[:, None] * D + dims[None, :])
-        merged = tl.sum(parts * weight[:, None], 0) / tl.sum(weight, 0)
-        tl.store(out + row * so_b + head * so_h + dims, merged.to(out.dtype.element_ty))
-
-    return attend_split, merge_splits
+    return k.attend_split, k.merge_splits
 
 
 @functools.cache
@@ -201,23 +105,29 @@ def launch(
     num_warps: int = 4,
     num_stages: int = 2,
     rope: tuple | None = None,
+    qkv_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The kernels with ``splits`` programs per (row, KV head), a power of two (tests and
     ``benchmarks/grpo/dev/decode_kernel_sweep.py`` choose it and the tile).
 
     ``rope = (heads, cos, sin, slot)``: ``q`` is the fused q/k/v projection ``[B, (heads + 2 H_kv) D]``
-    before rotary embedding, ``cos``/``sin`` ``[B, D]``, ``slot`` a one-element tensor; the kernel
+    (or its FP32 partial products ``[P, B, ...]``, summed with ``qkv_bias`` in the kernel) before
+    rotary embedding, ``cos``/``sin`` ``[B, D]``, ``slot`` a one-element tensor; the kernel
     rotates q and the new key, writes the new key and value into ``keys``/``values`` (the whole
     buffers; attention reads the first ``S`` slots of ``valid`` ``[B, S]``, none after ``slot``) and
     attends (:func:`decode_step`)."""
+    parts, bias = 1, qkv_bias
     if rope is not None:
         heads, cos, sin, slot = rope
-        rows, d = q.shape[0], keys.shape[3]
+        parts = q.shape[0] if q.dim() == 3 else 1
+        rows, d = q.shape[-2], keys.shape[3]
         kv_heads, slots = keys.shape[1], valid.shape[1]
-        q_heads = q.view(rows, -1, d)  # [B, H + 2 H_kv, D]
-        sq_b, sq_h = q_heads.stride(0), q_heads.stride(1)
+        q_heads = q.reshape(parts, rows, -1, d)  # [P, B, H + 2 H_kv, D], a view
+        sq_p, sq_b, sq_h = q_heads.stride(0), q_heads.stride(1), q_heads.stride(2)
         cos, sin = cos.reshape(rows, d).contiguous(), sin.reshape(rows, d).contiguous()
-        extra = (cos, sin, slot, d)
+        if q.stride(-1) != 1 or sq_h != d or (bias is not None and bias.stride(-1) != 1):
+            raise ValueError("the fused q/k/v projection and its bias must be contiguous per row")
+        extra = (cos, sin, slot, d, sq_p, q if bias is None else bias)
         if keys.stride(-1) != 1 or values.stride(-1) != 1:
             raise ValueError("the cache the kernel writes must have contiguous head dimensions")
     else:
@@ -227,10 +137,10 @@ def launch(
         sq_b, sq_h = q.stride(0), q.stride(1)
         keys = keys if keys.stride(-1) == 1 else keys.contiguous()
         values = values if values.stride(-1) == 1 else values.contiguous()
-        extra = (q, q, q, 0)  # unused
+        extra = (q, q, q, 0, 0, q)  # unused
     group = heads // kv_heads
     valid = valid.view(torch.uint8) if valid.dtype == torch.bool else valid
-    out = torch.empty((rows, heads, 1, d), dtype=q.dtype, device=q.device)
+    out = torch.empty((rows, heads, 1, d), dtype=keys.dtype, device=q.device)
     if splits > 1:
         part_out = torch.empty((rows, heads, splits, d), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((rows, heads, splits), dtype=torch.float32, device=q.device)
@@ -245,8 +155,9 @@ def launch(
         out.stride(0), out.stride(1),
         *extra,
         KV_HEADS=kv_heads, GROUP=group, GROUP_P=max(16, 1 << (group - 1).bit_length()), D=d,
-        BLOCK=block, SPLITS=splits, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        ROPE=rope is not None, num_warps=num_warps, num_stages=num_stages,
+        BLOCK=block, SPLITS=splits, PRECISION="ieee" if keys.dtype == torch.float32 else "tf32",
+        ROPE=rope is not None, PARTS=parts, HAS_BIAS=bias is not None,
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if splits > 1:
         merge_splits[(rows * heads,)](
@@ -268,9 +179,15 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return (xf * cos.float() + rotated * sin.float()).to(x.dtype)
 
 
-def reference_step(qkv, cos, sin, keys, values, valid, slot, heads: int, scale: float) -> torch.Tensor:
-    """The twin of :func:`decode_step`: rotate, write the new key and value into the cache at
-    ``slot``, SDPA over the first ``valid.shape[1]`` slots up to ``slot`` where ``valid`` allows."""
+def reference_step(
+    qkv, cos, sin, keys, values, valid, slot, heads: int, scale: float, bias=None
+) -> torch.Tensor:
+    """The twin of :func:`decode_step`: the partial products summed with the bias in FP32 and rounded
+    once, rotate, write the new key and value into the cache at ``slot``, SDPA over the first
+    ``valid.shape[1]`` slots up to ``slot`` where ``valid`` allows."""
+    if qkv.dim() == 3 or bias is not None:
+        summed = qkv.float().sum(0) if qkv.dim() == 3 else qkv.float()
+        qkv = (summed if bias is None else summed + bias.float()).to(keys.dtype)
     rows, d = qkv.shape[0], keys.shape[3]
     kv_heads = keys.shape[1]
     parts = qkv.view(rows, heads + 2 * kv_heads, d)
@@ -295,8 +212,11 @@ def decode_step(
     slot: torch.Tensor,
     heads: int,
     scale: float,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One decode step's attention from the fused q/k/v projection ``qkv`` ``[B, (heads + 2 H_kv) D]``
+    (or ``[P, B, (heads + 2 H_kv) D]``: ``P`` FP32 partial products over slices of K, which the kernel
+    sums with ``bias`` and rounds once to the cache dtype; see ``static_decoder.split_k_partials``)
     before rotary embedding: rotates q and the new key by ``cos``/``sin`` (``[B, D]``, any leading
     ones), writes the new key and value into the cache buffers ``keys``/``values`` ``[B, H_kv, L, D]``
     at ``slot`` (a one-element tensor, below ``S``: the program whose share of the ``S`` slots holds
@@ -304,11 +224,11 @@ def decode_step(
     later slots of the bucket, not written yet, are not read); returns ``[B, heads, 1, D]``. Replaces the rotary, the two cache writes and
     the attention of a decode step by one kernel (three launches of ~1.2-2.7 us per layer and
     step of shape B, issue #27)."""
-    rows, kv_heads = qkv.shape[0], keys.shape[1]
+    rows, kv_heads = qkv.shape[-2], keys.shape[1]
     splits = splits_for(rows, kv_heads, valid.shape[1], qkv.device)
-    return launch(qkv, keys, values, valid, scale, splits, rope=(heads, cos, sin, slot))
+    return launch(qkv, keys, values, valid, scale, splits, rope=(heads, cos, sin, slot), qkv_bias=bias)
 
 
 @decode_step.register_fake
-def _(qkv, cos, sin, keys, values, valid, slot, heads, scale):
-    return qkv.new_empty((qkv.shape[0], heads, 1, keys.shape[3]))
+def _(qkv, cos, sin, keys, values, valid, slot, heads, scale, bias=None):
+    return qkv.new_empty((qkv.shape[-2], heads, 1, keys.shape[3]), dtype=keys.dtype)

@@ -40,6 +40,21 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 DOWN_SPLIT_K = 4
 #: ... and of its o projection: 4 down slices and 2 o slices 0.747 s
 O_SPLIT_K = 2
+#: ... and of its fused q/k/v projection, whose partial products the decode kernel sums
+#: (decode_attention.decode_step): 5.2 us as one GEMM, 4.3 us over 2 slices (decode_gemm_sweep.py)
+QKV_SPLIT_K = 2
+
+
+def split_k_partials(x: torch.Tensor, weight: torch.Tensor, splits: int) -> torch.Tensor:
+    """The FP32 products ``[splits, rows, N]`` of ``x`` ``[..., K]`` and ``weight`` ``[N, K]`` over
+    ``splits`` slices of K (their sum is ``x @ weight.T``); see :func:`split_k_linear`."""
+    k = x.shape[-1]
+    rows, n = x.numel() // k, weight.shape[0]
+    slices = x.reshape(rows, splits, k // splits).transpose(0, 1)  # [splits, rows, K / splits]
+    weights = weight.t().view(splits, k // splits, n)  # weight [N, K] row-major: a view
+    if x.is_cuda:
+        return torch.bmm(slices, weights, out_dtype=torch.float32)
+    return torch.bmm(slices.float(), weights.float())
 
 
 def split_k_linear(x: torch.Tensor, linear: torch.nn.Linear, splits: int) -> torch.Tensor:
@@ -54,25 +69,15 @@ def split_k_linear(x: torch.Tensor, linear: torch.nn.Linear, splits: int) -> tor
     sum of the slices joins the residual add and the next RMSNorm. cuBLAS has no split-K we can ask
     for through torch, hence the slices by hand. On a CPU the slices are multiplied in FP32 (same
     arithmetic; ``bmm``'s FP32 output for BF16 inputs is CUDA-only)."""
-    weight, bias = linear.weight, linear.bias
-    k = x.shape[-1]
-    rows, n = x.numel() // k, weight.shape[0]
-    slices = x.reshape(rows, splits, k // splits).transpose(0, 1)  # [splits, rows, K / splits]
-    weights = weight.t().view(splits, k // splits, n)  # weight [N, K] row-major: a view
-    if x.is_cuda:
-        parts = torch.bmm(slices, weights, out_dtype=torch.float32)
-    else:
-        parts = torch.bmm(slices.float(), weights.float())
-    out = parts.sum(0)
-    if bias is not None:
-        out = out + bias.float()
-    return out.to(x.dtype).view(*x.shape[:-1], n)
+    out = split_k_partials(x, linear.weight, splits).sum(0)
+    if linear.bias is not None:
+        out = out + linear.bias.float()
+    return out.to(x.dtype).view(*x.shape[:-1], linear.weight.shape[0])
 
 
-def _splits_for(linear, splits: int) -> int:
-    """``splits`` where :func:`split_k_linear` can slice ``linear``'s weight in place, else 1."""
-    weight = getattr(linear, "weight", None)
-    ok = isinstance(linear, torch.nn.Linear) and weight.is_contiguous() and weight.shape[1] % splits == 0
+def _splits_for(weight: torch.Tensor | None, splits: int) -> int:
+    """``splits`` where :func:`split_k_partials` can slice ``weight`` in place, else 1."""
+    ok = weight is not None and weight.is_contiguous() and weight.shape[1] % splits == 0
     return splits if ok else 1
 
 
@@ -157,6 +162,7 @@ class StaticDecoder:
         # one-token steps on a GPU: the narrow projections split over K (split_k_linear)
         gpu = param.device.type == "cuda"
         self.o_splits = O_SPLIT_K if gpu else 1
+        self.qkv_splits = QKV_SPLIT_K if gpu else 1
         self.down_splits = DOWN_SPLIT_K if gpu else 1
         self.step = self.forward  # the one-token decode step; torch.compile'd when the engine says so
 
@@ -185,7 +191,12 @@ class StaticDecoder:
             if length == 1 and self.fused_step and fused is not None and not hasattr(attn, "q_norm"):
                 # one kernel rotates q and the new key, writes the new key and value into the cache
                 # and attends (decode_attention.decode_step)
-                qkv = torch.nn.functional.linear(x, *fused).view(batch, -1)
+                weight, bias = fused
+                splits = _splits_for(weight, self.qkv_splits) if self.qkv_splits > 1 else 1
+                if splits > 1:  # the kernel sums the partial products and adds the bias
+                    qkv = split_k_partials(x, weight, splits)
+                else:
+                    qkv, bias = torch.nn.functional.linear(x, weight, bias).view(batch, -1), None
                 out = decode_attention.decode_step(
                     qkv,
                     cos,
@@ -196,6 +207,7 @@ class StaticDecoder:
                     cache_position,
                     self.num_heads,
                     scale,
+                    bias,
                 )
             else:
                 out = self._attention(i, attn, x, fused, cos, sin, cache_position, attention_mask, scale)
@@ -246,7 +258,8 @@ class StaticDecoder:
     @staticmethod
     def _linear(linear, x: torch.Tensor, splits: int) -> torch.Tensor:
         """``linear(x)``, over ``splits`` slices of K where the weight allows (:func:`split_k_linear`)."""
-        splits = _splits_for(linear, splits) if splits > 1 else 1
+        if splits > 1:
+            splits = _splits_for(linear.weight, splits) if isinstance(linear, torch.nn.Linear) else 1
         return split_k_linear(x, linear, splits) if splits > 1 else linear(x)
 
     @classmethod
