@@ -240,7 +240,7 @@ def test_a_prompt_asked_for_several_times_is_prefilled_once(tiny_dir, tokenizer,
     for seen in (never_equal, repeated):
         decoder = StaticDecoder(model, len(repeated), width + 4)
         with torch.inference_mode():
-            logits = engine._prefill(decoder, seen, input_ids, valid)
+            logits = TorchRolloutEngine._prefill(decoder, seen, input_ids, valid)
         runs.append((logits, torch.stack(decoder.keys), torch.stack(decoder.values)))
     for plain, shared in zip(*runs):
         torch.testing.assert_close(shared, plain, atol=1e-5, rtol=1e-5)
@@ -260,41 +260,6 @@ def test_a_prompt_asked_for_several_times_is_prefilled_once(tiny_dir, tokenizer,
             atol=1e-4,
             rtol=0,
         )
-
-
-def test_one_compiled_prefill_serves_every_batch_and_width(tiny_dir):
-    """The prefill's compile marks the batch and width sizes dynamic: three (batch, width) pairs,
-    each with its own decoder, trace one graph (a counting backend stands in for inductor), and each computes the
-    plain forward's logits and cache."""
-    model = load_causal_lm(str(tiny_dir))
-    torch_engine.fuse_projections(model)
-    traced = []
-
-    def counting_backend(graph_module, example_inputs):
-        traced.append(graph_module)
-        return graph_module.forward
-
-    torch._dynamo.reset()
-    compiled = torch.compile(
-        torch_engine._prefill_graph, backend=counting_backend, dynamic=False, fullgraph=True
-    )
-    gen = torch.Generator().manual_seed(0)
-    for batch, width in ((2, 5), (3, 9), (4, 7)):
-        ids = torch.randint(0, 100, (batch, width), generator=gen)
-        positions = torch.arange(width).expand(batch, width)
-        mask = torch.ones((batch, 1, width, width), dtype=torch.bool).tril()
-        runs = []
-        for run in (compiled, torch_engine._prefill_graph):
-            decoder = StaticDecoder(model, batch, width + 3)
-            inputs = (ids.clone(), positions.clone(), torch.arange(width), mask.clone())
-            if run is compiled:
-                torch_engine.mark_prefill_dynamic(decoder, *inputs)
-            with torch.inference_mode():
-                logits = run(decoder, *inputs)
-            runs.append((logits, torch.stack(decoder.keys), torch.stack(decoder.values)))
-        for got, want in zip(*runs):
-            torch.testing.assert_close(got, want)
-    assert len(traced) == 1
 
 
 def test_seeded_sampling_is_reproducible(engine, tokenizer):

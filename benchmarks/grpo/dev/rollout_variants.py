@@ -35,18 +35,18 @@ WHOLE_CACHE = 1 << 30  # a bucket longer than any cache: attention over the whol
 SDPA = static_decoder.StaticDecoder.attend
 
 
-def efficient(q, keys, values, mask, scale, gqa):
+def efficient(q, keys, values, mask, scale):
     with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
-        return SDPA(q, keys, values, mask, scale, gqa)
+        return SDPA(q, keys, values, mask, scale)
 
 
-def grouped(q, keys, values, mask, scale, gqa, fp32_scores=False):
+def grouped(q, keys, values, mask, scale, fp32_scores=False):
     """One new position per row (T = 1): the G query heads of each KV head are the rows of one
     batched matmul with that head's cache (scores in BF16 or, with ``fp32_scores``, FP32)."""
     b, h, t, d = q.shape
     hkv, length = keys.shape[1], keys.shape[2]
     if t != 1:  # prefill: the SDPA path
-        return SDPA(q, keys, values, mask, scale, gqa)
+        return SDPA(q, keys, values, mask, scale)
     g = h // hkv
     scale = d**-0.5 if scale is None else scale
     qg = q.reshape(b * hkv, g, d)
@@ -59,11 +59,11 @@ def grouped(q, keys, values, mask, scale, gqa, fp32_scores=False):
     return torch.bmm(probs, values.reshape(b * hkv, length, d)).view(b, h, 1, d)
 
 
-def flex_decode(q, keys, values, mask, scale, gqa):
+def flex_decode(q, keys, values, mask, scale):
     """A decode step's attention through FlexAttention (inductor's split-KV decoding kernel packs the
     query heads of one KV head together); the prefill and eager runs keep SDPA."""
     if q.shape[2] != 1 or not torch.compiler.is_compiling():
-        return SDPA(q, keys, values, mask, scale, gqa)
+        return SDPA(q, keys, values, mask, scale)
     from torch.nn.attention.flex_attention import flex_attention
 
     valid = mask[:, 0, 0, :]

@@ -147,8 +147,6 @@ class StaticDecoder:
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
-        # a bool, which compiles stay specialised on (ints may turn symbolic in the dynamic prefill)
-        self.gqa = self.num_kv_heads != self.num_heads
         self.batch, self.cache_len = batch, cache_len
         param = next(model.parameters())
         shape = (batch, self.num_kv_heads, cache_len, self.head_dim)
@@ -245,14 +243,14 @@ class StaticDecoder:
         if length == 1 and self.decode_kernel:
             out = decode_attention.decode_attention(q, keys, values, attention_mask[:, 0, 0, :], scale)
         else:
-            out = self.attend(q, keys, values, attention_mask, scale, self.gqa)
+            out = self.attend(q, keys, values, attention_mask, scale)
         return out
 
     @staticmethod
-    def attend(q, keys, values, mask, scale, gqa: bool) -> torch.Tensor:
+    def attend(q, keys, values, mask, scale) -> torch.Tensor:
         """``q`` ``[B, H, T, D]`` over the cache slots ``[B, H_kv, S, D]`` where ``mask`` ``[B, 1, T, S]``
-        allows (GQA without repeating the cache; ``gqa``: H_kv < H, from the config, a plain bool
-        also where the compiled prefill's shapes are symbolic)."""
+        allows (GQA without repeating the cache)."""
+        gqa = keys.shape[1] != q.shape[1]
         return torch.nn.functional.scaled_dot_product_attention(
             q, keys, values, attn_mask=mask, scale=scale, enable_gqa=gqa
         )

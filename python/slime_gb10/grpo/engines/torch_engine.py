@@ -80,29 +80,6 @@ def compile_decode_step(decoder: StaticDecoder, backend: str | Callable = "induc
     decoder.step = torch.compile(decoder.forward, backend=backend, fullgraph=True, dynamic=False)
 
 
-def _prefill_graph(decoder: StaticDecoder, input_ids, position_ids, cache_position, mask) -> torch.Tensor:
-    """``decoder.forward`` under a code object of its own, for the prefill's compile with dynamic
-    shapes (the decode step's compile of ``forward`` has static ones). Eager, the prefill of shape B
-    was ~1,000 launches (~40 per layer): the host, not the GPU, set its time (issue #27). Its
-    graph's inputs are tensors, the decoder's caches among them, so decoders of any batch and
-    width share it."""
-    return decoder.forward(input_ids, position_ids, cache_position, mask)
-
-
-def mark_prefill_dynamic(decoder: StaticDecoder, input_ids, position_ids, cache_position, mask) -> None:
-    """Mark the batch and width sizes of a prefill's tensors dynamic (and nothing else: the head
-    counts and widths stay static), so that :func:`_prefill_graph` compiles once for all of them."""
-    for tensor, dims in (
-        (input_ids, (0, 1)),
-        (position_ids, (0, 1)),
-        (cache_position, (0,)),
-        (mask, (0, 2, 3)),
-        *((cache, (0, 2)) for cache in (*decoder.keys, *decoder.values)),
-    ):
-        for dim in dims:
-            torch._dynamo.maybe_mark_dynamic(tensor, dim)
-
-
 class _GraphedStep:
     """The decode steps of a :class:`StaticDecoder` captured as CUDA graphs, one per attention
     length, sharing their static inputs and one memory pool (they never run concurrently)."""
@@ -197,10 +174,6 @@ class TorchRolloutEngine(RolloutEngine):
             from torch._dynamo import config as dynamo_config
 
             dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 64)
-        # the prefill compiled too, with dynamic shapes: one graph for every batch and prompt width
-        self._compiled_prefill = (
-            torch.compile(_prefill_graph, dynamic=False, fullgraph=True) if self.compile_decode else None
-        )
         self._decoders: dict[tuple[int, int], StaticDecoder] = {}
         self._graphs: dict[tuple[int, int], _GraphedStep] = {}
         self.graph_fallback: str | None = None  # why CUDA-graph decoding was turned off, if it was
@@ -270,11 +243,12 @@ class TorchRolloutEngine(RolloutEngine):
         return self._finish(prompts, tokens, logprobs, stop_hit, params)
 
     def _left_pad(self, prompts: list[list[int]], width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``[B, width]`` token ids padded on the left and the mask of real tokens, on the device
-        (built as one list: three tensor ops per row were ~2 ms of a rollout of 160 rows)."""
-        input_ids = torch.tensor([[self.pad_token_id] * (width - len(p)) + list(p) for p in prompts])
-        lengths = torch.tensor([len(p) for p in prompts])
-        valid = torch.arange(width) >= (width - lengths)[:, None]
+        """``[B, width]`` token ids padded on the left and the mask of real tokens, on the device."""
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        valid = torch.zeros((len(prompts), width), dtype=torch.bool)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            valid[row, width - len(prompt) :] = True
         return input_ids.to(self.device), valid.to(self.device)
 
     def _record(self, token: torch.Tensor, finished: torch.Tensor, step: int) -> torch.Tensor:
@@ -394,8 +368,9 @@ class TorchRolloutEngine(RolloutEngine):
         tokens, logprobs, stop_hit = self._decode_loop(logits, advance, params, keys, record)
         return self._finish(prompts, tokens, logprobs, stop_hit, params)
 
+    @staticmethod
     def _prefill(
-        self, decoder: StaticDecoder, prompts, input_ids: torch.Tensor, valid: torch.Tensor
+        decoder: StaticDecoder, prompts, input_ids: torch.Tensor, valid: torch.Tensor
     ) -> torch.Tensor:
         """The prompts' K/V into ``decoder``'s cache and the last position's logits ``[B, V]``.
 
@@ -415,36 +390,19 @@ class TorchRolloutEngine(RolloutEngine):
                     firsts.append(row)
             firsts = torch.tensor(firsts, device=device)
             input_ids, valid = input_ids[firsts], valid[firsts]
-        if shared or self._compiled_prefill is not None:
-            # a cache of the prompt's width (the compiled prefill marks its sizes dynamic: the decode
-            # step's compile of the decoder's own cache must keep static ones)
-            runner = StaticDecoder(decoder.model, input_ids.shape[0], width)
+            runner = StaticDecoder(decoder.model, len(index), width)
         position_ids = (valid.long().cumsum(-1) - 1).clamp(min=0)
         # prefill mask [B, 1, W, W]: causal, valid keys only; a padding query sees itself (no empty rows -> no NaN)
         causal = torch.tril(torch.ones((width, width), dtype=torch.bool, device=device))
         eye = torch.eye(width, dtype=torch.bool, device=device)
         mask = ((causal[None] & valid[:, None, :]) | eye[None])[:, None]
-        logits = self._prefill_forward(
-            runner, input_ids, position_ids, torch.arange(width, device=device), mask
-        )
-        if runner is decoder:
+        logits = runner.forward(input_ids, position_ids, torch.arange(width, device=device), mask)
+        if not shared:
             return logits
-        expand = torch.tensor(which, device=device) if shared else None
+        expand = torch.tensor(which, device=device)
         for cache, prefilled in zip((*decoder.keys, *decoder.values), (*runner.keys, *runner.values)):
-            cache[:, :, :width] = prefilled if expand is None else prefilled[expand]
-        return logits if expand is None else logits[expand]
-
-    def _prefill_forward(self, runner: StaticDecoder, *inputs) -> torch.Tensor:
-        """``runner.forward(*inputs)``, compiled where the decode step is (:func:`_prefill_graph`);
-        a compile failure falls back to the plain forward for good."""
-        if self._compiled_prefill is not None:
-            mark_prefill_dynamic(runner, *inputs)
-            try:
-                return self._compiled_prefill(runner, *inputs)
-            except Exception as exc:
-                log.warning("compiled prefill unusable (%s); using the plain forward", exc)
-                self._compiled_prefill = None
-        return runner.forward(*inputs)
+            cache[:, :, :width] = prefilled[expand]
+        return logits[expand]
 
     def _decode_step(self, key, step_inputs: _GraphedStep, length: int) -> torch.Tensor:
         if self.decode != "cuda_graph":
