@@ -243,12 +243,11 @@ class TorchRolloutEngine(RolloutEngine):
         return self._finish(prompts, tokens, logprobs, stop_hit, params)
 
     def _left_pad(self, prompts: list[list[int]], width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``[B, width]`` token ids padded on the left and the mask of real tokens, on the device."""
-        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        valid = torch.zeros((len(prompts), width), dtype=torch.bool)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            valid[row, width - len(prompt) :] = True
+        """``[B, width]`` token ids padded on the left and the mask of real tokens, on the device
+        (built as one list: three tensor ops per row were ~2 ms of a rollout of 160 rows)."""
+        input_ids = torch.tensor([[self.pad_token_id] * (width - len(p)) + list(p) for p in prompts])
+        lengths = torch.tensor([len(p) for p in prompts])
+        valid = torch.arange(width) >= (width - lengths)[:, None]
         return input_ids.to(self.device), valid.to(self.device)
 
     def _record(self, token: torch.Tensor, finished: torch.Tensor, step: int) -> torch.Tensor:
