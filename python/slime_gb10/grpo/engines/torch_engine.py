@@ -2,10 +2,11 @@
 
 Not ``model.generate``: a small decode loop over the HF model that (1) left-pads the prompts of a
 batch (sorted by length, so similar lengths share a batch), (2) runs the prefill keeping only the
-last position's logits (on the static path once per distinct prompt of the batch), (3) samples each next token by inverting its row's CDF at a uniform
-drawn from the row's own key (an exact categorical sample with no CPU sync, the same whatever
-else shares the batch) and records its logprob under ``softmax(logits / T)`` on the fly, so no ``[steps, batch, vocab]`` score
-tensors are kept, and (4) stops as soon as every row has finished.
+last position's logits (on the static path once per distinct prompt of the batch), (3) samples
+each next token by inverting its row's CDF at a uniform drawn from the row's own key (an exact
+categorical sample with no CPU sync, the same whatever else shares the batch) and records its
+logprob under ``softmax(logits / T)`` on the fly, so no ``[steps, batch, vocab]`` score tensors are
+kept, and (4) stops as soon as every row has finished.
 
 For the common decoder-only architectures (Llama, Qwen2, Qwen3, Mistral without sliding window)
 there is a second path, :class:`~slime_gb10.grpo.engines.static_decoder.StaticDecoder`: the same modules (norms, projections, MLPs,
