@@ -601,16 +601,19 @@ def test_compiled_decode_step_gives_the_same_greedy_tokens(tiny_dir, tokenizer):
 
 
 def test_decoding_a_batch_of_completions_is_decoding_each(tokenizer, monkeypatch):
-    """SmolLM2's tokenizer takes the one-call batch path (no space clean-up); its texts equal
-    ``decode`` row by row, special tokens (skipped) and byte-level pieces included. A tokenizer that
-    cleans up spaces takes the row-by-row path."""
-    from slime_gb10.grpo.engines.torch_engine import decode_texts
+    """SmolLM2's byte-level tokenizer takes the byte-table path: its texts equal ``decode`` row by
+    row on random ids of the whole vocabulary (partial UTF-8 sequences, special tokens skipped, ids
+    past the vocabulary dropped), without the Rust call. Without the table (another decoder) the
+    batch goes to Rust in one call; a tokenizer that cleans up spaces decodes row by row."""
+    from slime_gb10.grpo.engines import detokenize
 
     gen = torch.Generator().manual_seed(3)
-    rows = torch.randint(0, len(tokenizer), (12, 40), generator=gen).tolist()
+    rows = torch.randint(0, len(tokenizer), (64, 200), generator=gen).tolist()
     rows[0][:3] = [tokenizer.eos_token_id, tokenizer.bos_token_id or 1, tokenizer.eos_token_id]
     rows[1] = []
+    rows[2][5] = len(tokenizer) + 7  # a padded LM head's id: no token
     want = [tokenizer.decode(row, skip_special_tokens=True) for row in rows]
+    assert any("\ufffd" in text for text in want)  # invalid byte sequences were exercised
     calls = []
     backend = tokenizer.backend_tokenizer
 
@@ -623,6 +626,15 @@ def test_decoding_a_batch_of_completions_is_decoding_each(tokenizer, monkeypatch
             return getattr(backend, name)
 
     monkeypatch.setattr(type(tokenizer), "backend_tokenizer", property(lambda self: Spy()))
-    assert decode_texts(tokenizer, rows) == want and calls == [1]
+    assert (
+        detokenize.byte_level_table(tokenizer) is detokenize.byte_level_table(tokenizer) is not None
+    )  # built once
+    assert detokenize.decode_texts(tokenizer, rows) == want and calls == []
+    for edge in ([[], rows[2]], [[]], [], [[tokenizer.eos_token_id]]):  # empty rows first, alone; none
+        assert detokenize.decode_texts(tokenizer, edge) == [
+            tokenizer.decode(r, skip_special_tokens=True) for r in edge
+        ]
+    monkeypatch.setattr(detokenize, "byte_level_table", lambda tokenizer: None)
+    assert detokenize.decode_texts(tokenizer, rows) == want and calls == [1]
     monkeypatch.setattr(tokenizer, "clean_up_tokenization_spaces", True)
-    assert decode_texts(tokenizer, rows) == want and calls == [1]
+    assert detokenize.decode_texts(tokenizer, rows) == want and calls == [1]
