@@ -600,6 +600,30 @@ def test_compiled_decode_step_gives_the_same_greedy_tokens(tiny_dir, tokenizer):
     assert [g.completion_ids for g in got] == expected
 
 
+def test_a_byte_table_is_used_only_where_it_decodes_as_the_tokenizer(tokenizer):
+    """The table checks itself against the Rust decoder when built (one wrong byte of one token is
+    caught), and only byte-level decoders (alone or in a sequence) get one."""
+    from tokenizers import Tokenizer, decoders, models
+
+    from slime_gb10.grpo.engines import detokenize
+
+    backend = tokenizer.backend_tokenizer
+    table = detokenize.ByteLevelTable(backend)
+    assert table.agrees_with(backend)
+    table.buffer = table.buffer.copy()
+    table.buffer[table.starts[300]] ^= 1
+    assert not table.agrees_with(backend)
+    assert detokenize._decodes_byte_level(backend)
+    other = Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    for decoder, byte_level in (
+        (decoders.WordPiece(), False),
+        (decoders.Sequence([decoders.ByteLevel()]), True),
+        (decoders.Sequence([decoders.ByteLevel(), decoders.Strip(" ", 1, 0)]), False),
+    ):
+        other.decoder = decoder
+        assert detokenize._decodes_byte_level(other) is byte_level
+
+
 def test_decoding_a_batch_of_completions_is_decoding_each(tokenizer, monkeypatch):
     """SmolLM2's byte-level tokenizer takes the byte-table path: its texts equal ``decode`` row by
     row on random ids of the whole vocabulary (partial UTF-8 sequences, special tokens skipped, ids

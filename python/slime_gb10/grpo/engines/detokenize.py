@@ -9,14 +9,17 @@ fixed byte string, so a row's text is the UTF-8 decoding (invalid sequences repl
 bytes joined: :class:`ByteLevelTable` keeps one ``bytes`` per token id and does exactly that,
 reproducing ``tokenizers``' ``ByteLevel`` decoder (its byte-to-character map, its fallback to a
 token's own UTF-8 for characters outside that map, its skipping of special tokens). It is used only
-where the tokenizer decodes through that decoder alone; the tests compare it with the Rust decode
-on random rows of real tokenizers. Everything else goes through the tokenizer.
+where the tokenizer decodes through that decoder alone and, when built, decodes every token of the
+vocabulary and random rows exactly as the Rust decoder does (:meth:`ByteLevelTable.agrees_with`);
+the tests compare it with the Rust decode on random rows of a real tokenizer. Everything else goes
+through the tokenizer.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import weakref
 
 import numpy as np
@@ -59,6 +62,15 @@ class ByteLevelTable:
         self.starts = np.concatenate([[0], np.cumsum(self.lengths)[:-1]])
         self.buffer = np.frombuffer(b"".join(pieces), dtype=np.uint8)
 
+    def agrees_with(self, backend) -> bool:
+        """A check when the table is built: every token, in rows of 256 consecutive ids, and 16 rows
+        of random ids (pieces that join into characters, special tokens among them) decode as the
+        Rust decoder decodes them."""
+        gen = np.random.default_rng(0)
+        rows = [list(range(start, min(start + 256, self.size))) for start in range(0, self.size, 256)]
+        rows += gen.integers(0, self.size, size=(16, 256)).tolist()
+        return self.decode(rows) == backend.decode_batch(rows, skip_special_tokens=True)
+
     def decode(self, rows: list[list[int]]) -> list[str]:
         counts = [len(row) for row in rows]
         ids = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=sum(counts))
@@ -88,14 +100,21 @@ def byte_level_table(tokenizer) -> ByteLevelTable | None:
         pass
     table = None
     backend = _rust_backend(tokenizer)
-    if backend is not None and backend.normalizer is None:
-        from tokenizers import decoders
-
-        if type(backend.decoder) is decoders.ByteLevel:
-            table = ByteLevelTable(backend)
+    if backend is not None and _decodes_byte_level(backend):
+        table = ByteLevelTable(backend)
+        if not table.agrees_with(backend):
+            table = None
     with contextlib.suppress(TypeError):  # not weak-referenceable: rebuilt per call, still correct
         _TABLES[tokenizer] = table
     return table
+
+
+def _decodes_byte_level(backend) -> bool:
+    """Whether the Rust tokenizer's decoder is ``ByteLevel`` (alone or as a one-kind ``Sequence``),
+    read from its serialised form (the normalizer and pre-tokenizer play no part in decoding)."""
+    decoder = json.loads(backend.to_str()).get("decoder") or {}
+    parts = (decoder.get("decoders") or []) if decoder.get("type") == "Sequence" else [decoder]
+    return bool(parts) and all(part.get("type") == "ByteLevel" for part in parts)
 
 
 def _rust_backend(tokenizer):
