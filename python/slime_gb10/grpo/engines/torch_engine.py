@@ -389,7 +389,10 @@ class TorchRolloutEngine(RolloutEngine):
             for row, w in enumerate(which):
                 if w == len(firsts):
                     firsts.append(row)
-            firsts = torch.tensor(firsts, device=device)
+            # both indices cross to the device before the prefill is queued: a copy from the host
+            # waits for the stream, and after the prefill it would wait for all of it
+            rows = torch.tensor(firsts + which, device=device)
+            firsts, expand = rows[: len(firsts)], rows[len(firsts) :]
             input_ids, valid = input_ids[firsts], valid[firsts]
             runner = StaticDecoder(decoder.model, len(index), width)
         position_ids = (valid.long().cumsum(-1) - 1).clamp(min=0)
@@ -400,7 +403,6 @@ class TorchRolloutEngine(RolloutEngine):
         logits = runner.forward(input_ids, position_ids, torch.arange(width, device=device), mask)
         if not shared:
             return logits
-        expand = torch.tensor(which, device=device)
         for cache, prefilled in zip((*decoder.keys, *decoder.values), (*runner.keys, *runner.values)):
             cache[:, :, :width] = prefilled[expand]
         return logits[expand]
