@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 from transformers import LlamaConfig
 
@@ -36,3 +41,20 @@ def smollm2_135m_config():
         )
 
     return build
+
+
+@pytest.fixture(scope="session")
+def triton_interpreter():
+    """Runs a script in a fresh Python under ``TRITON_INTERPRET=1`` (Triton reads it when kernels
+    are defined, hence the subprocess) and returns the JSON the script printed last: the engine's
+    kernels against their twins on a CPU."""
+
+    def run(script: str):
+        env = {**os.environ, "TRITON_INTERPRET": "1"}
+        proc = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    return run

@@ -10,10 +10,6 @@ on the GPU. FP32 (exact FP32 dots) is what the engine's FP32 GPU tests decode wi
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -49,23 +45,13 @@ CASES = textwrap.dedent(
 )
 
 
-def _interpret(script: str):
-    """The JSON the script prints last, run in a fresh interpreter under ``TRITON_INTERPRET=1``."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def _check(report, limit):
     for case in report:
         assert case["finite"] and case["error"] < limit, case
 
 
 @pytest.mark.slow
-def test_the_decode_kernel_is_sdpa_under_the_interpreter():
+def test_the_decode_kernel_is_sdpa_under_the_interpreter(triton_interpreter):
     shapes = [
         (3, 14, 2, 64, 200, 130, 1),  # shape B's groups of 7, one program per (row, KV head)
         (2, 9, 3, 32, 100, 37, 4),  # groups of 3, a split with no slots at all
@@ -76,7 +62,7 @@ def test_the_decode_kernel_is_sdpa_under_the_interpreter():
         f"\nprint(json.dumps(compare('cpu', {shapes!r}, torch.float16)"
         f" + compare('cpu', {shapes[:2]!r}, torch.float32)))\n"
     )
-    _check(_interpret(script), 2e-3)  # FP16 output rounding: 2^-11 x |out| <= 1
+    _check(triton_interpreter(script), 2e-3)  # FP16 output rounding: 2^-11 x |out| <= 1
 
 
 @pytest.mark.gpu
@@ -193,7 +179,7 @@ def _check_step(report, limit, cache_limit=0.0):
 
 
 @pytest.mark.slow
-def test_the_fused_decode_step_is_its_twin_under_the_interpreter():
+def test_the_fused_decode_step_is_its_twin_under_the_interpreter(triton_interpreter):
     """Rotary of q and the new key, the cache writes and the attention in one kernel against
     ``reference_step`` (rotary in FP32 rounded once, ``index_copy_``, SDPA): the written cache
     equal (FP16 bit for bit), the attention within rounding; also through ``torch.compile`` (aot_eager),
@@ -205,7 +191,7 @@ def test_the_fused_decode_step_is_its_twin_under_the_interpreter():
         f" + compare_step('cpu', {STEP_SHAPES!r}, torch.float16, parts=2)"
         f" + compare_step('cpu', {STEP_SHAPES[:1]!r}, torch.float32, 'aot_eager', parts=3)))\n"
     )
-    _check_step(_interpret(script), 2e-3, cache_limit=1e-6)
+    _check_step(triton_interpreter(script), 2e-3, cache_limit=1e-6)
 
 
 @pytest.mark.gpu
@@ -270,13 +256,15 @@ ENGINE_STEP = textwrap.dedent(
 
 
 @pytest.mark.slow
-def test_the_static_decoders_fused_step_decodes_like_its_separate_ops_under_the_interpreter():
+def test_the_static_decoders_fused_step_decodes_like_its_separate_ops_under_the_interpreter(
+    triton_interpreter,
+):
     """Qwen2 (fused q/k/v with bias), FP32, a left-padded row, three one-token steps: logits and
     the whole KV cache after them as with the rotary, cache writes and attention as separate ops."""
     script = (
         ENGINE_STEP + "\nprint(json.dumps([compare('cpu', torch.float32, splits) for splits in (1, 2)]))\n"
     )
-    for errors in _interpret(script):
+    for errors in triton_interpreter(script):
         assert all(error < 1e-5 for error in errors.values()), errors
 
 

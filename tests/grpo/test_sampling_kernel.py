@@ -10,10 +10,6 @@ defined); the GPU test runs it compiled, on shape B's vocabulary too.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -63,7 +59,7 @@ def _check(report: list[dict]) -> None:
 
 
 @pytest.mark.slow
-def test_the_triton_sampler_is_the_torch_sampler_under_the_interpreter():
+def test_the_triton_sampler_is_the_torch_sampler_under_the_interpreter(triton_interpreter):
     shapes = [
         (50, 9, 1.0, "torch.float32"),
         (4096, 8, 0.7, "torch.bfloat16"),  # exactly one block
@@ -76,12 +72,7 @@ def test_the_triton_sampler_is_the_torch_sampler_under_the_interpreter():
         print(json.dumps(compare("cpu", shapes)))
         """
     )
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    _check(json.loads(proc.stdout.strip().splitlines()[-1]))
+    _check(triton_interpreter(script))
 
 
 @pytest.mark.gpu

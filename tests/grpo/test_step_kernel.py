@@ -9,10 +9,6 @@ are defined); the GPU test runs it compiled.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -60,14 +56,8 @@ def _check(report: dict) -> None:
     assert 0 < report["finished_rows"] < report["rows"] and report["padded"] > 0, report
 
 
-def test_the_step_kernel_is_its_twin_under_the_interpreter():
-    script = CASES + "\nprint(json.dumps(compare('cpu')))\n"
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    _check(json.loads(proc.stdout.strip().splitlines()[-1]))
+def test_the_step_kernel_is_its_twin_under_the_interpreter(triton_interpreter):
+    _check(triton_interpreter(CASES + "\nprint(json.dumps(compare('cpu')))\n"))
 
 
 @pytest.mark.gpu
