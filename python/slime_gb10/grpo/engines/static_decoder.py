@@ -212,10 +212,9 @@ class StaticDecoder:
             else:
                 out = self._attention(i, attn, x, fused, cos, sin, cache_position, attention_mask, scale)
             out = out.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim)
-            hidden = residual + self._linear(attn.o_proj, out, self.o_splits if length == 1 else 1)
-            mlp = layer.mlp
-            down_splits = self.down_splits if length == 1 else 1
-            hidden = hidden + self._mlp(mlp, layer.post_attention_layernorm(hidden), down_splits)
+            o_splits, down_splits = (self.o_splits, self.down_splits) if length == 1 else (1, 1)
+            hidden = residual + self._linear(attn.o_proj, out, o_splits)
+            hidden = hidden + self._mlp(layer.mlp, layer.post_attention_layernorm(hidden), down_splits)
         last = self.norm(hidden[:, -1, :])
         return self.lm_head(last)
 
