@@ -21,6 +21,15 @@ import torch
 from slime_gb10.grpo.engines import triton_importable
 
 
+def pad_and_mark(token: torch.Tensor, finished: torch.Tensor, eos: torch.Tensor, pad: int) -> torch.Tensor:
+    """The recorded tokens (``pad`` where a row had finished); rows whose recorded token is in
+    ``eos`` join ``finished`` (in place). The decode loop's own step on every path; the kernel's
+    first half."""
+    token = torch.where(finished, torch.full_like(token, pad), token)
+    finished |= torch.isin(token, eos)
+    return token
+
+
 def record_and_feed_reference(
     token: torch.Tensor,  # [B] int64, the sampled tokens
     finished: torch.Tensor,  # [B] bool, updated in place
@@ -35,8 +44,7 @@ def record_and_feed_reference(
 ) -> torch.Tensor:
     """The twin: the recorded tokens (``pad`` where a row had finished); ``finished`` gains the rows
     whose recorded token is in ``eos``, and the next step's inputs are written."""
-    token = torch.where(finished, torch.full_like(token, pad), token)
-    finished |= torch.isin(token, eos)
+    token = pad_and_mark(token, finished, eos, pad)
     input_ids.copy_(token[:, None])
     cache_position.fill_(slot)
     mask[:, 0, 0, slot] = True

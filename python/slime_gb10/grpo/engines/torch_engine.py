@@ -255,9 +255,7 @@ class TorchRolloutEngine(RolloutEngine):
     def _record(self, token: torch.Tensor, finished: torch.Tensor, step: int) -> torch.Tensor:
         """The recorded token of each row (the pad token once a row has finished); rows whose
         recorded token is an end of sequence join ``finished`` (in place)."""
-        token = torch.where(finished, torch.full_like(token, self.pad_token_id), token)
-        finished |= torch.isin(token, self.eos_token_ids)
-        return token
+        return step_kernel.pad_and_mark(token, finished, self.eos_token_ids, self.pad_token_id)
 
     def _decode_loop(self, logits, advance, params: SamplingParams, keys: torch.Tensor, record=None):
         """The per-token loop both decode paths share.
