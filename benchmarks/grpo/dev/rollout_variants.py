@@ -22,6 +22,7 @@ import contextlib
 import os
 import sys
 from pathlib import Path
+from unittest import mock
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -86,37 +87,33 @@ def variant(
     down_splits: int = static_decoder.DOWN_SPLIT_K,
     qkv_splits: int = static_decoder.QKV_SPLIT_K,
 ):
+    """The engine's choices set for one variant (module attributes patched, restored on exit)."""
     import torch._inductor.config as inductor_config
 
-    saved = torch_engine.ATTENTION_BUCKET, sampling_kernel.applies, inductor_config.max_autotune_gemm
-    saved_splits = static_decoder.O_SPLIT_K, static_decoder.DOWN_SPLIT_K, static_decoder.QKV_SPLIT_K
-    static_decoder.O_SPLIT_K, static_decoder.DOWN_SPLIT_K, static_decoder.QKV_SPLIT_K = (
-        o_splits,
-        down_splits,
-        qkv_splits,
-    )
-    saved_available, saved_init = decode_attention.available, static_decoder.StaticDecoder.__init__
+    patches = [
+        (torch_engine, "ATTENTION_BUCKET", bucket),
+        (inductor_config, "max_autotune_gemm", autotune),
+        (static_decoder.StaticDecoder, "attend", staticmethod(attend)),
+        (static_decoder, "O_SPLIT_K", o_splits),
+        (static_decoder, "DOWN_SPLIT_K", down_splits),
+        (static_decoder, "QKV_SPLIT_K", qkv_splits),
+    ]
+    if not kernel:  # the torch sampler
+        patches.append((sampling_kernel, "applies", lambda logits, params: False))
+    if not gqa_kernel:  # one-token steps through StaticDecoder.attend (SDPA unless swapped)
+        patches.append((decode_attention, "available", lambda *args: False))
     if not fused_step:  # rotary and cache writes as their own ops before the decode kernel (session 20)
+        init = static_decoder.StaticDecoder.__init__
 
-        def init(self, *args, **kwargs):
-            saved_init(self, *args, **kwargs)
+        def separate_ops(self, *args, **kwargs):
+            init(self, *args, **kwargs)
             self.fused_step = False
 
-        static_decoder.StaticDecoder.__init__ = init
-    if not gqa_kernel:  # one-token steps through StaticDecoder.attend (SDPA unless swapped)
-        decode_attention.available = lambda *args: False
-    static_decoder.StaticDecoder.attend = staticmethod(attend)
-    torch_engine.ATTENTION_BUCKET = bucket
-    if not kernel:
-        sampling_kernel.applies = lambda logits, params: False
-    inductor_config.max_autotune_gemm = autotune
-    try:
+        patches.append((static_decoder.StaticDecoder, "__init__", separate_ops))
+    with contextlib.ExitStack() as stack:
+        for target, name, value in patches:
+            stack.enter_context(mock.patch.object(target, name, value))
         yield
-    finally:
-        decode_attention.available, static_decoder.StaticDecoder.__init__ = saved_available, saved_init
-        static_decoder.StaticDecoder.attend = staticmethod(SDPA)
-        torch_engine.ATTENTION_BUCKET, sampling_kernel.applies, inductor_config.max_autotune_gemm = saved
-        static_decoder.O_SPLIT_K, static_decoder.DOWN_SPLIT_K, static_decoder.QKV_SPLIT_K = saved_splits
 
 
 VARIANTS = {
