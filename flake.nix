@@ -35,39 +35,53 @@
         "x86_64-linux" # Hopper / Blackwell servers
       ];
 
-      pkgsWith =
-        { cached }:
+      # nixpkgs, instantiated once per system: every output (packages, apps, devShells, checks,
+      # legacyPackages) takes its packages from here. The flake's own package set carries the GB10
+      # toolchain choices (nix/toolchain.nix) below our packages (nix/overlay.nix).
+      pkgsBySystem = lib.genAttrs systems (
         system:
         let
           pkgs = import nixpkgs {
             inherit system;
             config = gb10.nixpkgsConfigFor {
-              inherit system cached;
+              inherit system;
               inherit (lib) getName;
               # nixpkgs' license-based CUDA predicate where this revision has it (evaluated only
               # when a package's licence is checked, so referring to `pkgs` here is not a cycle).
               cudaPredicate = pkgs._cuda.lib.allowUnfreeCudaPredicate or null;
             };
-            overlays = [ self.overlays.default ];
+            overlays = [
+              self.overlays.gb10-toolchain
+              self.overlays.default
+            ];
           };
         in
-        pkgs;
-      pkgsFor = pkgsWith { cached = false; };
-      # capability 12.0 for all but sgl-kernel and TE (nix/gb10.nix cachedCudaCapabilities)
-      pkgsCachedFor = pkgsWith { cached = true; };
+        pkgs
+      );
 
-      forAllSystems = f: lib.genAttrs systems (system: f (pkgsFor system));
+      forAllSystems = f: lib.mapAttrs (_: f) pkgsBySystem;
     in
     {
       lib = {
         inherit gb10;
       };
 
-      # `./.` (a path: lib.fileset needs one) is this flake's source, the git-tracked files.
-      overlays.default = import ./nix/overlay.nix {
-        inherit gb10 nix-gl-host;
-        src = ./.;
+      overlays = {
+        # Our packages (slime-gb10, megatron-core, math-verify, the environments ...) on a
+        # consumer's nixpkgs, with the consumer's CUDA set and capabilities left as they are.
+        # `./.` (a path: lib.fileset needs one) is this flake's source, the git-tracked files.
+        default = import ./nix/overlay.nix {
+          inherit gb10 nix-gl-host;
+          src = ./.;
+        };
+        # The GB10 / server toolchain choices this flake builds with (CUDA 13.2 for everything,
+        # the aarch64 SBSA fix, CUDA 13 build fixes, sgl-kernel and TransformerEngine for the
+        # machine's archs): opt-in, never part of `default` (a Jetson's CUDA set is not a GB10's).
+        gb10-toolchain = import ./nix/toolchain.nix { inherit gb10; };
       };
+
+      # The flake's own package set per system (`nix build .#legacyPackages.<system>.<attr>`).
+      legacyPackages = pkgsBySystem;
 
       packages = forAllSystems (
         pkgs:
@@ -79,8 +93,6 @@
           default = pkgs.slime-gb10-env;
           slime-gb10 = pkgs.slime-gb10-env;
           slime-gb10-core = pkgs.slime-gb10-core;
-          # a faster first build where a public cache has the capability-12.0 derivations
-          slime-gb10-cached = (pkgsCachedFor pkgs.stdenv.hostPlatform.system).slime-gb10-env;
           python = pkgs.slime-gb10-env.python;
           transformer-engine = py.transformer-engine;
           megatron-core = py.megatron-core;

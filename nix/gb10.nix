@@ -99,11 +99,11 @@ rec {
       # What nixpkgs compiles device code for (config.cudaCapabilities). sm_120 SASS also runs on
       # sm_121 (binary compatible), but 12.1 is the machine.
       cudaCapabilities = [ "12.1" ];
-      # The consumer-Blackwell family: sgl-kernel gencodes, TE family targets, torch JIT list.
-      familyCapabilities = [
-        "12.0"
-        "12.1"
-      ];
+      # What sgl-kernel (arch-specific `a` cubins) and TransformerEngine (family `f` targets) are
+      # compiled for: the GB10's own 12.1 only. sm_120a cubins never run on a GB10, and one family
+      # target is enough (nixpkgs' TE drops "12.1" from its list for the same reason: 120f covers
+      # it). Add "12.0" here to also serve RTX 50xx / RTX PRO 6000 from the same build.
+      familyCapabilities = [ "12.1" ];
       sglKernelGb10Only = true; # blocker 5: only sm_120a + sm_121a, no FA3
       # nvcc --threads per job x parallel jobs: 2 x 4 = 8 cicc processes at ~12 GB peak each
       # stays under the 128 GB of unified memory with a reserve for the OS.
@@ -137,13 +137,6 @@ rec {
 
   profileFor = system: if system == "aarch64-linux" then profiles.gb10 else profiles.server;
 
-  # packages.aarch64-linux.slime-gb10-cached: the same GB10 builds of sgl-kernel (120a/121a) and
-  # TransformerEngine (120f/121f), but everything else compiled for capability 12.0 (sm_120 code
-  # runs on sm_121), which is what graham33/nixos-dgx-spark's flake builds at this nixpkgs revision.
-  # Only a derivation identical to one in a binary cache is substituted: `nix build
-  # .#slime-gb10-cached --dry-run` lists what would be fetched and what built (nix/README.md).
-  cachedCudaCapabilities = [ "12.0" ];
-
   # ---- nixpkgs config ------------------------------------------------------------------------
   # Unfree packages we accept: the CUDA redistributables and NVIDIA's own libraries, by name.
   # Everything else stays under nixpkgs' default (unfree refused).
@@ -173,29 +166,25 @@ rec {
   isAllowedUnfree = name: anyPrefix unfreeNamePrefixes name;
 
   # The nixpkgs `config` for a system. `getName` is lib.getName (a package -> its pname); passed in
-  # so this file needs no lib. `cudaPredicate`: nixpkgs' license-based
+  # so this file needs no lib. `cudaPredicate`: nixpkgs' licence-based
   # `_cuda.lib.allowUnfreeCudaPredicate` where the pinned revision has it (the flake passes
-  # `pkgs._cuda.lib.allowUnfreeCudaPredicate or null`, read lazily, when a package is checked);
-  # without it, the name prefixes above decide.
+  # `pkgs._cuda.lib.allowUnfreeCudaPredicate or null`, read lazily, when a package is checked). It
+  # accepts NVIDIA's CUDA licences only, not the `unfreeRedistributable` of NVIDIA's Python
+  # packages (nvidia-cutlass-dsl, cuda-bindings: tests/nix/nixpkgs-facts.json), which the name
+  # prefixes above accept: a package passes if either does.
   nixpkgsConfigFor =
     {
       system,
       getName,
       cudaPredicate ? null,
-      # true: cachedCudaCapabilities on aarch64-linux (the servers' profile already builds 12.0)
-      cached ? false,
     }:
     {
       cudaSupport = true;
-      cudaCapabilities =
-        if cached && system == "aarch64-linux" then
-          cachedCudaCapabilities
-        else
-          (profileFor system).cudaCapabilities;
+      cudaCapabilities = (profileFor system).cudaCapabilities;
       # Keep PTX for the newest capability so a later driver can JIT it for newer GPUs.
       cudaForwardCompat = true;
       allowUnfreePredicate =
-        pkg: if cudaPredicate != null then cudaPredicate pkg else isAllowedUnfree (getName pkg);
+        pkg: (cudaPredicate != null && cudaPredicate pkg) || isAllowedUnfree (getName pkg);
     };
 
   # ---- runtime environment -------------------------------------------------------------------

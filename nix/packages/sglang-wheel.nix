@@ -39,7 +39,9 @@ let
   wheel = wheels.${system} or (throw "sglang wheel: no ${system} wheel on PyPI");
   pythonTag = "cp313";
 
-  # nixpkgs' `dependencies` for sglang 0.5.12.post1 (@ 3983fac), in its order.
+  # nixpkgs' `dependencies` for sglang 0.5.12.post1 (@ 3983fac), in its order, less torchcodec
+  # (below). nixpkgs maps the wheel's flashinfer_python + flashinfer_cubin to its `flashinfer`
+  # (built from source with its kernels; there is no flashinfer-cubin package) and drops py-spy.
   dependencyNames = [
     "aiohttp"
     "anthropic"
@@ -96,7 +98,6 @@ let
     "torch-memory-saver"
     "torchao"
     "torchaudio"
-    "torchcodec"
     "torchvision"
     "tqdm"
     "transformers"
@@ -105,7 +106,18 @@ let
     "watchfiles"
     "xgrammar"
   ];
-  missing = lib.filter (name: !(pythonPackages ? ${name})) dependencyNames;
+  # The wheel's METADATA (read from both files) chooses by machine: torchcodec everywhere but
+  # aarch64; av and decord2 on aarch64 (`platform_machine == "aarch64"` markers).
+  platformDependencyNames = {
+    aarch64-linux = [ "av" ];
+    x86_64-linux = [ "torchcodec" ];
+  }.${system} or [ ];
+  # decord2 decodes video for multimodal requests, which the GRPO engine never sends, and no
+  # nixpkgs revision stored has it (tests/nix/nixpkgs-facts.json): taken where the set has it,
+  # never counted as missing.
+  optionalNames = lib.optionals (system == "aarch64-linux") [ "decord2" ];
+  requiredNames = dependencyNames ++ platformDependencyNames;
+  missing = lib.filter (name: !(pythonPackages ? ${name})) requiredNames;
   interpreterTag = "cp${lib.replaceStrings [ "." ] [ "" ] python.pythonVersion}";
 in
 buildPythonPackage (finalAttrs: {
@@ -124,7 +136,9 @@ buildPythonPackage (finalAttrs: {
   nativeBuildInputs = [ autoPatchelfHook ];
   buildInputs = [ stdenv.cc.cc.lib ]; # libgcc_s for the Rust module
 
-  dependencies = map (name: pythonPackages.${name}) (lib.subtractLists missing dependencyNames);
+  dependencies = map (name: pythonPackages.${name}) (
+    lib.subtractLists missing requiredNames ++ lib.filter (name: pythonPackages ? ${name}) optionalNames
+  );
 
   # The wheel pins exact versions (torch==2.11.0, transformers==5.6.0, sglang-kernel==0.4.2.post2,
   # ...); nixpkgs' own package relaxes thirteen of them. What runs together is checked on the

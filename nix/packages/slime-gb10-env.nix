@@ -92,25 +92,40 @@ let
   );
 
   # One CUDA_HOME for JIT extension builds (torch.utils.cpp_extension, flashinfer, TE's own JIT):
-  # every output of the components such a build needs, merged.
+  # the bin, include, lib and dev outputs of the components such a build needs, merged. Not their
+  # static archives, stubs or docs (GB of .a files that no run-time compile links), which a join of
+  # every output would pull into the runtime closure. nixpkgs' vllm joins bin, lib and dev
+  # (python-modules/vllm/default.nix); the headers are added because this CUDA layout moves them
+  # into an `include` output of their own (cuda-modules buildRedist: tests/nix/nixpkgs-facts.json
+  # records each component's outputs). lib.getX falls back to `out` for single-output components
+  # (cuda_nvcc, cuda_cccl, cuda_crt, the binary tools).
   cudaHome = symlinkJoin {
     name = "cuda-home-${cudaPackages.cudaMajorMinorVersion or gb10.cuda.majorMinor}";
-    paths = lib.concatMap (p: map (o: lib.getOutput o p) (p.outputs or [ "out" ])) (
-      lib.filter (p: p != null) (
-        map (name: cudaPackages.${name} or null) [
-          "cuda_nvcc"
-          "cuda_cudart"
-          "cuda_cccl"
-          "cuda_crt"
-          "cuda_nvrtc"
-          "cuda_nvtx"
-          "cuda_profiler_api"
-          "cuda_cuobjdump"
-          "cuda_nvdisasm"
-          "libcublas"
-          "libcurand" # curand_kernel.h: FlashInfer's JIT sampling kernels
-        ]
-      )
+    paths = lib.unique (
+      lib.concatMap
+        (p: [
+          (lib.getBin p)
+          (lib.getInclude p)
+          (lib.getLib p)
+          (lib.getDev p)
+        ])
+        (
+          lib.filter (p: p != null) (
+            map (name: cudaPackages.${name} or null) [
+              "cuda_nvcc"
+              "cuda_cudart"
+              "cuda_cccl"
+              "cuda_crt"
+              "cuda_nvrtc"
+              "cuda_nvtx"
+              "cuda_profiler_api"
+              "cuda_cuobjdump"
+              "cuda_nvdisasm"
+              "libcublas"
+              "libcurand" # curand_kernel.h: FlashInfer's JIT sampling kernels
+            ]
+          )
+        )
     );
   };
 
@@ -156,15 +171,14 @@ let
   setupEnv = gb10.shellExports runtimeEnv;
 
   # How a wrapper starts the real program ("$@") with the host driver visible to it alone.
+  # nixglhost runs once: `-p` refreshes its cache of the host's driver libraries and prints their
+  # directory, which goes on this program's LD_LIBRARY_PATH (what `nixglhost <program>` itself
+  # does before its exec; its GLX/EGL variables matter to OpenGL programs, not to CUDA).
   launch = ''
     if [ ! -e /run/opengl-driver/lib/libcuda.so.1 ]; then
-      ${lib.optionalString (nixglhost != null) ''
-        # nix-gl-host finds the host's driver libraries and runs this one program with them
-        if [ -n "$(${lib.getExe nixglhost} -p 2>/dev/null)" ]; then
-          exec ${lib.getExe nixglhost} "$@"
-        fi
-      ''}
-      if slime_gb10_driver=$(${hostDriver}); then
+      if ${
+        lib.optionalString (nixglhost != null) ''slime_gb10_driver=$(${lib.getExe nixglhost} -p 2>/dev/null) && [ -n "$slime_gb10_driver" ] || ''
+      }slime_gb10_driver=$(${hostDriver}); then
         export LD_LIBRARY_PATH="$slime_gb10_driver''${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
       fi
     fi

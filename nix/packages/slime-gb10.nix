@@ -30,9 +30,8 @@
   matplotlib,
   pyarrow,
   datasets,
-  # HF math-verify (python3Packages.math-verify; null where a revision lacks it: the boxed_math
-  # reward then says how to install it)
-  math-verify ? null,
+  # HF math-verify (the boxed_math reward): not in nixpkgs, packaged by nix/python-overlay.nix
+  math-verify,
 
   # tests
   pytestCheckHook,
@@ -91,7 +90,10 @@ buildPythonPackage {
     ];
     plot = [ matplotlib ];
     data = [ pyarrow ];
-    gsm8k = [ datasets ] ++ lib.optional (math-verify != null) math-verify;
+    gsm8k = [
+      datasets
+      math-verify
+    ];
   };
 
   # The test suite runs as flake checks (nix/checks.nix) with the whole repository as source.

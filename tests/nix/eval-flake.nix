@@ -5,6 +5,9 @@
 {
   withSglang ? true,
   withCudaPredicate ? true,
+  # a file to import as nixpkgs instead of fake-nixpkgs/<variant>.nix (tests/nix/test_facts.py
+  # writes ones that pick a fact's stored variant, or trace each import)
+  nixpkgsFile ? null,
   variant ?
     if !withSglang then
       "without-sglang"
@@ -20,7 +23,7 @@ let
   lib = if libPath == "" then import ./stub-lib.nix else import libPath;
   # `import nixpkgs { ... }` in flake.nix imports outPath: the fake, or a variant of it.
   nixpkgs = {
-    outPath = ./fake-nixpkgs + "/${variant}.nix";
+    outPath = if nixpkgsFile != null then nixpkgsFile else ./fake-nixpkgs + "/${variant}.nix";
     inherit lib;
   };
   nix-gl-host = {

@@ -15,13 +15,20 @@ in
 rec {
   inherit setFunctionArgs functionArgs getOutput getBin;
   inherit (b)
+    all
+    any
     attrNames
     concatStringsSep
     concatMap
+    elem
     filter
     intersectAttrs
+    isAttrs
+    mapAttrs
     replaceStrings
     ;
+  toList = x: if b.isList x then x else [ x ];
+  unique = b.foldl' (acc: e: if b.elem e acc then acc else acc ++ [ e ]) [ ];
   subtractLists = e: b.filter (x: !(b.elem x e));
   versions.majorMinor =
     v:
@@ -91,10 +98,42 @@ rec {
     fromSource = { isSource = true; };
     binaryNativeCode = { isSource = false; };
   };
-  licenses = {
-    asl20 = { shortName = "asl20"; free = true; };
-    mit = { shortName = "mit"; free = true; };
-  };
+  # lib/licenses.nix: the licences tests/nix/nixpkgs-facts.json names (shortName, free as there;
+  # nvidiaCudaRedist from lib/licenses.nix, cudnn from _cuda/lib/licenses.nix @ 0628f24)
+  licenses =
+    b.mapAttrs
+      (name: free: {
+        shortName = name;
+        inherit free;
+      })
+      {
+        asl20 = true;
+        bsd0 = true;
+        bsd2 = true;
+        bsd3 = true;
+        gpl2Only = true;
+        lgpl21 = true;
+        lgpl3 = true;
+        lgpl3Only = true;
+        mit = true;
+        mit-cmu = true;
+        mpl20 = true;
+        psfl = true;
+        unlicense = true;
+        unfreeRedistributable = false;
+      }
+    // {
+      nvidiaCudaRedist = {
+        shortName = "CUDA EULA";
+        free = false;
+        redistributable = true;
+      };
+      cudnn = {
+        shortName = "cuDNN EULA";
+        free = false;
+        redistributable = false;
+      };
+    };
   platforms = {
     linux = [
       "aarch64-linux"

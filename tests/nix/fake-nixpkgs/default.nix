@@ -1,30 +1,79 @@
 # A fake nixpkgs for evaluating this flake where nixpkgs cannot be fetched (tests/nix).
 #
-# It mimics the interfaces the flake relies on (nix/README.md "What we rely on"): `import nixpkgs
-# { system; config; overlays; }`, callPackage, pythonPackagesExtensions, overridePythonAttrs,
-# `.override` with function args, cudaPackages_13_2 components with split outputs, _cuda.extend,
-# python3.withPackages, runCommand / symlinkJoin / mkShell / writeShellScript(Bin). Packages are
-# plain attribute sets that remember their arguments, so tests can inspect what the overlay did.
-# The nixpkgs package functions themselves are stubs that take the arguments the real ones take
-# (transformer-engine: cudaPackages, withJax, withPytorch, ...), read from nixpkgs' source.
+# It cannot claim more than nixpkgs has: every attribute it provides is a record of
+# tests/nix/nixpkgs-facts.json (the nixpkgs file, the stored commit read, version, licence,
+# platforms), and tests/nix/test_facts.py checks both directions. Packages are plain attribute
+# sets that remember their arguments (tests inspect what the overlays did) and compute
+# `meta.available` as pkgs/stdenv/generic/check-meta.nix does from those facts: not broken, the
+# system in meta.platforms and not in meta.badPlatforms, every licence free or accepted by
+# config.allowUnfreePredicate (called with the derivation's attributes).
+#
+# Interfaces mimicked: `import nixpkgs { system; config; overlays; }`, callPackage,
+# pythonPackagesExtensions, overridePythonAttrs, `.override` with the argument set the facts
+# record, cudaPackages_13_2 components with the outputs the facts record, _cuda.extend,
+# python3x.withPackages, runCommand / symlinkJoin / mkShell / writeShellScript(Bin) / linkFarm.
 {
   system,
   config ? { },
   overlays ? [ ],
-  # false: a nixpkgs revision from before PR #525141 (no python3Packages.sglang / sglang-kernel)
+  # false: a nixpkgs revision from before PR #525141 (no python3Packages.sglang / sglang-kernel;
+  # the stored files exist only at commits after it)
   withSglang ? true,
-  # false: a revision whose _cuda has no lib.allowUnfreeCudaPredicate
+  # false: a revision whose _cuda has no lib.allowUnfreeCudaPredicate (before the _cuda lib)
   withCudaPredicate ? true,
-  # with withSglang = false: whether the revision has sglang's own dependencies (flashinfer,
-  # xgrammar, ...: nixpkgs' list for 0.5.12.post1), which the wheel fallback needs
-  withSglangDependencies ? false,
-  # python3Packages.torch.version (the sglang-kernel wheel fits 2.11 only)
-  torchVersion ? "2.11.0",
+  # { "<attribute>" = i; }: take that attribute's facts from its variants[i] (another stored
+  # version), for the tests that run the flake against every variant
+  pick ? { },
+  # Scenarios no stored nixpkgs file shows, each named by the test that uses it
+  # (tests/nix/fake-nixpkgs/*.nix): { "<attribute>" = { version = ...; }; }
+  counterfactual ? { },
+  # Python attributes to leave out, also counterfactual (every stored revision has them)
+  withoutPython ? [ ],
 }:
 let
   libPath = builtins.getEnv "SLIME_GB10_NIXPKGS_LIB";
   lib = if libPath == "" then import ../stub-lib.nix else import libPath;
   b = builtins;
+
+  facts = (b.fromJSON (b.readFile ../nixpkgs-facts.json)).attributes;
+  fact =
+    name:
+    let
+      e = facts.${name} or (throw "fake nixpkgs: no fact for ${name} (tests/nix/nixpkgs-facts.json)");
+      chosen = if pick ? ${name} then e // b.elemAt e.variants pick.${name} else e;
+    in
+    chosen // (counterfactual.${name} or { });
+
+  platformGroups = {
+    linux = lib.platforms.linux;
+    unix = lib.platforms.linux ++ [ "aarch64-darwin" "x86_64-darwin" ];
+    all = lib.platforms.all;
+  };
+  platformsOf = p: if p == null then null else if b.isString p then platformGroups.${p} else p;
+  licenceOf = name: lib.licenses.${name} or (throw "fake nixpkgs: licence ${name} is not in stub-lib");
+
+  # meta from a fact record
+  metaFrom =
+    f:
+    {
+      license = map licenceOf f.license;
+    }
+    // lib.optionalAttrs (f.platforms != null) { platforms = platformsOf f.platforms; }
+    // lib.optionalAttrs (f.badPlatforms != null) { badPlatforms = platformsOf f.badPlatforms; };
+
+  # pkgs/stdenv/generic/check-meta.nix `available` (checkMetaRecursively off)
+  availableFor =
+    attrs:
+    let
+      meta = attrs.meta or { };
+      licences = lib.toList (meta.license or [ ]);
+      unfree = b.any (l: !(l.free or true)) licences;
+      predicate = config.allowUnfreePredicate or (_: false);
+    in
+    !(meta.broken or false)
+    && (!(meta ? platforms) || b.elem system meta.platforms)
+    && !(b.elem system (meta.badPlatforms or [ ]))
+    && (!unfree || (config.allowUnfree or false) || predicate attrs);
 
   mkDrv =
     attrs:
@@ -38,6 +87,9 @@ let
         // {
           type = "derivation";
           inherit name outputs;
+          meta = (attrs.meta or { }) // {
+            available = availableFor attrs;
+          };
           outPath = "/nix/store/00000000000000000000000000000000-${name}";
           drvPath = "/nix/store/00000000000000000000000000000000-${name}.drv";
           overrideAttrs = f: mkDrv (attrs // (if b.isFunction f then f attrs else f));
@@ -46,7 +98,8 @@ let
           map (o: {
             name = o;
             value = self // {
-              outPath = "/nix/store/00000000000000000000000000000000-${name}-${o}";
+              # as in nixpkgs: `out` is the derivation's own path, other outputs get a suffix
+              outPath = "/nix/store/00000000000000000000000000000000-${name}${lib.optionalString (o != "out") "-${o}"}";
               outputName = o;
               outputSpecified = true;
             };
@@ -55,12 +108,18 @@ let
     in
     self;
 
-  # buildPythonPackage: accepts attrs or (finalAttrs: attrs), like nixpkgs.
+  # buildPythonPackage: accepts attrs or (finalAttrs: attrs), like nixpkgs; dependencies are
+  # propagated (pkgs/development/interpreters/python/mk-python-derivation.nix).
   buildPythonPackage =
     attrsOrFn:
     let
       attrs = if b.isFunction attrsOrFn then lib.fix attrsOrFn else attrsOrFn;
-      drv = mkDrv attrs;
+      drv = mkDrv (
+        attrs
+        // {
+          propagatedBuildInputs = (attrs.propagatedBuildInputs or [ ]) ++ (attrs.dependencies or [ ]);
+        }
+      );
     in
     drv
     // {
@@ -76,6 +135,22 @@ let
     in
     lib.makeOverridable f (auto // args);
 
+  # A package function whose argument set is the one the facts record ("name" or "name ? default")
+  withFactArgs =
+    f: body:
+    let
+      parse =
+        a:
+        let
+          m = b.match "([^ ]+)( \\?.*)?" a;
+        in
+        {
+          name = b.head m;
+          value = b.elemAt m 1 != null;
+        };
+    in
+    lib.setFunctionArgs body (b.listToAttrs (map parse f.args));
+
   mkExtensible =
     attrs:
     attrs
@@ -84,56 +159,70 @@ let
     };
 
   cudaComponent =
-    pname: outputs:
+    pname:
+    let
+      f = fact "cudaPackages_13_2.${pname}";
+    in
     mkDrv {
-      inherit pname outputs;
+      inherit pname;
       version = "13.2";
-      meta.license = "nvidia-cuda"; # what the fake allowUnfreeCudaPredicate accepts
+      outputs = f.outputs;
+      meta = metaFrom f;
     };
 
-  cudaPackages_13_2 = {
+  cudaPackages_13_2 = lib.genAttrs [
+    "cuda_nvcc"
+    "cuda_cudart"
+    "cuda_cccl"
+    "cuda_crt"
+    "cuda_nvrtc"
+    "cuda_nvtx"
+    "cuda_profiler_api"
+    "cuda_cuobjdump"
+    "cuda_nvdisasm"
+    "cuda_compat"
+    "cudnn"
+    "libcublas"
+    "libcurand"
+  ] cudaComponent
+  // {
     cudaMajorMinorVersion = "13.2";
-    # the stdenv whose gcc nvcc 13.2 supports (pkgs/development/cuda-modules: backendStdenv)
+    # the stdenv whose gcc nvcc 13.2 supports (cuda-modules/packages/backendStdenv.nix)
     backendStdenv = {
       name = "cuda-backend-stdenv";
-      cc = mkDrv { pname = "gcc-wrapper"; version = "14"; };
-    };
-    cuda_nvcc = (cudaComponent "cuda_nvcc" [ "out" "bin" "include" ]) // {
-      meta = {
-        mainProgram = "nvcc";
-        license = "nvidia-cuda";
+      cc = mkDrv {
+        pname = "gcc-wrapper";
+        version = "14";
       };
     };
-    cuda_cudart = cudaComponent "cuda_cudart" [ "out" "include" "lib" "stubs" ];
-    cuda_cccl = cudaComponent "cuda_cccl" [ "out" "include" ];
-    cuda_crt = cudaComponent "cuda_crt" [ "out" "include" ];
-    cuda_nvrtc = cudaComponent "cuda_nvrtc" [ "out" "include" "lib" ];
-    cuda_nvtx = cudaComponent "cuda_nvtx" [ "out" "include" ];
-    cuda_profiler_api = cudaComponent "cuda_profiler_api" [ "out" "include" ];
-    cuda_cuobjdump = cudaComponent "cuda_cuobjdump" [ "out" "bin" ];
-    cuda_nvdisasm = cudaComponent "cuda_nvdisasm" [ "out" "bin" ];
-    cudnn = cudaComponent "cudnn" [ "out" "include" "lib" ];
-    libcublas = cudaComponent "libcublas" [ "out" "include" "lib" ];
-    libcurand = cudaComponent "libcurand" [ "out" "include" "lib" ];
   };
 
-  # pkgs/development/cuda-modules/_cuda/lib/cuda.nix: allowUnfreeCudaPredicate decides by licence;
-  # the stub accepts what carries the NVIDIA licence marker the fake's CUDA components would have.
+  # _cuda/lib/cuda.nix @ 1991f56: every licence free, or one of NVIDIA's CUDA licences (by shortName)
   cudaLib = lib.optionalAttrs withCudaPredicate {
-    allowUnfreeCudaPredicate = pkg: (pkg.meta.license or null) == "nvidia-cuda";
+    allowUnfreeCudaPredicate =
+      package:
+      b.all (
+        l:
+        (l.free or false)
+        || b.elem (l.shortName or null) [
+          "CUDA EULA"
+          "cuDNN EULA"
+        ]
+      ) (lib.toList package.meta.license);
   };
 
-  # python3 is the revision's default interpreter (3.14 here, as the pin's may be); python313 the
-  # one the flake pins. Both share one package set (what differs is the interpreter's name).
-  mkPythonFor = final: version: {
-    inherit version;
-    pythonVersion = version;
-    libPrefix = "python${version}";
+  # python3 is the revision's default interpreter (3.14 at the newest all-packages.nix read);
+  # python313 the one the flake pins. Both share one package set here (what differs is the
+  # interpreter's name).
+  mkPythonFor = final: attr: {
+    version = (fact attr).version;
+    pythonVersion = lib.versions.majorMinor (fact attr).version;
+    libPrefix = "python${lib.versions.majorMinor (fact attr).version}";
     pkgs = final.python3Packages;
     withPackages =
       f:
       mkDrv {
-        name = "python${version}-env";
+        name = "python${lib.versions.majorMinor (fact attr).version}-env";
         packages = f final.python3Packages;
       };
   };
@@ -143,17 +232,31 @@ let
     stdenv = {
       name = "stdenv-linux";
       hostPlatform.system = system;
-      cc = mkDrv { pname = "gcc-wrapper"; version = "14"; } // {
-        cc = mkDrv { pname = "gcc"; version = "14"; outputs = [ "out" "lib" ]; };
+      cc = mkDrv {
+        pname = "gcc-wrapper";
+        version = "14";
+      }
+      // {
+        cc = mkDrv {
+          pname = "gcc";
+          version = "14";
+          outputs = [
+            "out"
+            "lib"
+          ];
+        };
       };
     };
     autoPatchelfHook = mkDrv { name = "auto-patchelf-hook"; };
-    numactl = mkDrv { pname = "numactl"; version = "2.0"; };
+    numactl = mkDrv {
+      pname = "numactl";
+      inherit ((fact "numactl")) version;
+      meta = metaFrom (fact "numactl");
+    };
     callPackage = callPackageWith final;
 
-    cudaPackages_12_9 = throw "fake nixpkgs: the flake must not use CUDA 12";
     inherit cudaPackages_13_2;
-    cudaPackages = throw "fake nixpkgs: default cudaPackages (12.x in nixpkgs) used instead of the overlay's";
+    cudaPackages = throw "fake nixpkgs: default cudaPackages (cudaPackages_12_9 in nixpkgs) used instead of the overlay's";
     # lib.makeExtensible-like: `extend` takes `final: prev: attrs`.
     _cuda = mkExtensible {
       extensions = [ ];
@@ -162,13 +265,22 @@ let
 
     cmake = mkDrv {
       pname = "cmake";
-      version = "4.1.2";
+      inherit ((fact "cmake")) version;
     };
-    ruff = mkDrv { pname = "ruff"; version = "0.15.0"; meta.mainProgram = "ruff"; };
-    nix = mkDrv { pname = "nix"; version = "2.31"; };
-    python3 = mkPythonFor final "3.14";
-    python313 = mkPythonFor final "3.13";
-    python312 = mkPythonFor final "3.12";
+    cmakeMinimal = final.cmake;
+    ruff = mkDrv {
+      pname = "ruff";
+      inherit ((fact "ruff")) version;
+      meta.mainProgram = "ruff";
+    };
+    nix = mkDrv {
+      pname = "nix";
+      version = "2.34";
+    };
+    python3 = mkPythonFor final "python314";
+    python314 = mkPythonFor final "python314";
+    python313 = mkPythonFor final "python313";
+    python312 = mkPythonFor final "python312";
     pythonPackagesExtensions = [ ];
     python3Packages = lib.fix (
       b.foldl' (acc: ext: lib.extends ext acc) (pyBase final) final.pythonPackagesExtensions
@@ -181,7 +293,13 @@ let
     symlinkJoin = attrs: mkDrv attrs;
     # pkgs/build-support/mkshell: callPackage'd, so `mkShell.override { stdenv = …; }` works
     mkShell = final.callPackage (
-      { stdenv }: attrs: mkDrv (attrs // { name = attrs.name or "shell"; stdenvName = stdenv.name; })
+      { stdenv }:
+      attrs:
+      let
+        shell = mkDrv (attrs // { name = attrs.name or "shell"; stdenvName = stdenv.name; });
+      in
+      # make-derivation.nix gives every derivation `inputDerivation` (a derivation of its inputs)
+      shell // { inputDerivation = mkDrv { name = "${shell.name}-inputs"; }; }
     ) { };
     writeShellScript = name: text: mkDrv { inherit name text; };
     linkFarm = name: entries: mkDrv { inherit name entries; };
@@ -193,12 +311,102 @@ let
       };
   };
 
-  # The Python package set: stubs with the arguments of nixpkgs' package functions.
+  # Every Python package the facts record (kind "package"), as a plain buildPythonPackage with
+  # the fact's version and meta; the few whose function the overlays override take the
+  # argument set the facts record.
+  pythonNames = map (n: b.substring 16 (b.stringLength n) n) (
+    b.filter (n: b.substring 0 16 n == "python3Packages." && facts.${n}.kind == "package") (b.attrNames facts)
+  );
+  notInThisRevision =
+    lib.optionals (!withSglang) [
+      "sglang"
+      "sglang-kernel"
+    ]
+    ++ withoutPython;
+
   pyBase =
     pkgs: pyFinal:
     let
       callPy = callPackageWith (pkgs // pyFinal);
-      simple = pname: mkDrv { inherit pname; version = "1.0"; };
+      simple =
+        pname:
+        let
+          f = fact "python3Packages.${pname}";
+        in
+        buildPythonPackage {
+          inherit pname;
+          version = if f.version == null then "0" else f.version;
+          outputs = f.outputs or [ "out" ];
+          meta = metaFrom f;
+        };
+      special = {
+        # pkgs/development/python-modules/sglang-kernel/default.nix (arguments and the attributes
+        # the overlay extends: src, patches, cmakeFlags, preBuild)
+        sglang-kernel =
+          let
+            f = fact "python3Packages.sglang-kernel";
+          in
+          callPy (withFactArgs f (
+            args:
+            buildPythonPackage {
+              pname = "sglang-kernel";
+              inherit (f) version;
+              src = mkDrv { name = "source"; } // {
+                rev = "156d1af23a4fa80809ab423bc1042d732ef6f95f";
+              };
+              sourceRoot = "source/sgl-kernel";
+              patches = [
+                "version-number.patch"
+                "no-repo-fmt.patch"
+              ];
+              cmakeFlags = [ (lib.cmakeFeature "CUDA_VERSION" args.cudaPackages.cudaMajorMinorVersion) ];
+              preBuild = "export CMAKE_BUILD_PARALLEL_LEVEL=$NIX_BUILD_CORES\n";
+              dependencies = [ args.torch ];
+              meta = metaFrom f;
+            }
+          )) { };
+        # pkgs/development/python-modules/sglang/default.nix @ 3983fac: its dependencies are the
+        # Python packages among its arguments (the file lists them flat, for every platform)
+        sglang =
+          let
+            f = fact "python3Packages.sglang";
+          in
+          buildPythonPackage {
+            pname = "sglang";
+            inherit (f) version;
+            dependencies = map (n: pyFinal.${n}) (b.filter (n: b.elem n pythonNames) f.args);
+            meta = metaFrom f;
+          };
+        # pkgs/development/python-modules/transformer-engine/default.nix (its argument set per version)
+        transformer-engine =
+          let
+            f = fact "python3Packages.transformer-engine";
+          in
+          callPy (withFactArgs f (
+            args:
+            let
+              withJax = args.withJax or true;
+            in
+            buildPythonPackage {
+              pname = "transformer-engine";
+              inherit (f) version;
+              inherit withJax;
+              withPytorch = args.withPytorch or true;
+              # null where this version has no such argument
+              withNcclEp = if b.elem "withNcclEp ? true" f.args then args.withNcclEp or true else null;
+              buildInputs = [
+                args.cudaPackages.cuda_nvtx
+                args.cudaPackages.cuda_profiler_api
+                args.cudaPackages.cudnn
+              ];
+              env = {
+                NVTE_FRAMEWORK = if withJax then "jax,pytorch" else "pytorch";
+              };
+              preBuild = "export NVTE_BUILD_MAX_JOBS=$NIX_BUILD_CORES\n";
+              meta = metaFrom f;
+            }
+          )) { };
+      };
     in
     {
       inherit buildPythonPackage;
@@ -229,106 +437,13 @@ let
           inherit hash dist;
         };
       pythonOlder = v: b.compareVersions "3.13" v < 0;
-      pytestCheckHook = simple "pytest-check-hook";
-      torch = mkDrv { pname = "torch"; version = torchVersion; };
-      triton = simple "triton";
-      pytest = simple "pytest";
-      hypothesis = simple "hypothesis";
-      setuptools = simple "setuptools";
-      wheel = simple "wheel";
-      pybind11 = simple "pybind11";
-      packaging = simple "packaging";
-      numpy = simple "numpy";
-      transformers = simple "transformers";
-      safetensors = simple "safetensors";
-      pydantic = simple "pydantic";
-      click = simple "click";
-      pyyaml = simple "pyyaml";
-      tqdm = simple "tqdm";
-      gguf = simple "gguf";
-      accelerate = simple "accelerate";
-      matplotlib = simple "matplotlib";
-      pyarrow = simple "pyarrow";
-      ninja = simple "ninja";
-      nvidia-ml-py = simple "nvidia-ml-py";
-      omegaconf = simple "omegaconf";
-      pulp = simple "pulp";
-      regex = simple "regex";
-      rich = simple "rich";
-      scipy = simple "scipy";
-      datasets = simple "datasets";
-      math-verify = simple "math-verify";
     }
-    // lib.optionalAttrs (withSglang || withSglangDependencies) (
-      b.listToAttrs (
-        map (name: {
-          inherit name;
-          value = buildPythonPackage { pname = name; version = "1.0"; };
-        }) [
-          "aiohttp" "anthropic" "apache-tvm-ffi" "blobfile" "build" "compressed-tensors"
-          "cuda-bindings" "easydict" "einops" "fastapi" "flash-attn-4" "flashinfer"
-          "interegular" "ipython" "kernels" "llguidance" "mistral-common" "modelscope" "msgspec"
-          "nvidia-cutlass-dsl" "openai" "openai-harmony" "orjson" "outlines" "partial-json-parser"
-          "pillow" "prometheus-client" "psutil" "pybase64" "python-multipart" "pyzmq"
-          "quack-kernels" "requests" "sentencepiece" "setproctitle" "sgl-deep-gemm"
-          "smg-grpc-servicer" "soundfile" "tiktoken" "tilelang" "timm" "tokenspeed-mla"
-          "torch-memory-saver" "torchao" "torchaudio" "torchcodec" "torchvision" "uvicorn" "uvloop"
-          "watchfiles" "xgrammar"
-        ]
-      )
-    )
-    // lib.optionalAttrs withSglang {
-      sglang = simple "sglang";
-      # pkgs/development/python-modules/sglang-kernel/default.nix (arguments and the attributes
-      # the overlay extends: patches, cmakeFlags, preBuild)
-      sglang-kernel = callPy (
-        {
-          lib,
-          buildPythonPackage,
-          cudaPackages,
-          torch,
-        }:
-        buildPythonPackage {
-          pname = "sglang-kernel";
-          version = "0.4.3";
-          src = mkDrv { name = "source"; };
-          sourceRoot = "source/sgl-kernel";
-          patches = [ "version-number.patch" "no-repo-fmt.patch" ];
-          cmakeFlags = [ (lib.cmakeFeature "CUDA_VERSION" cudaPackages.cudaMajorMinorVersion) ];
-          preBuild = "export CMAKE_BUILD_PARALLEL_LEVEL=$NIX_BUILD_CORES\n";
-          dependencies = [ torch ];
-        }
-      ) { };
-    }
-    // {
-      # pkgs/development/python-modules/transformer-engine/default.nix (2.18 argument set)
-      transformer-engine = callPy (
-        {
-          lib,
-          buildPythonPackage,
-          cudaPackages,
-          torch,
-          withJax ? true,
-          withPytorch ? true,
-          withMpi ? false,
-        }:
-        buildPythonPackage {
-          pname = "transformer-engine";
-          version = "2.18";
-          inherit withJax withPytorch;
-          buildInputs = [
-            cudaPackages.cuda_nvtx
-            cudaPackages.cuda_profiler_api
-            cudaPackages.cudnn
-          ];
-          env = {
-            NVTE_CUDA_ARCHS = "120";
-            NVTE_FRAMEWORK = if withJax then "jax,pytorch" else "pytorch";
-          };
-          preBuild = "export NVTE_BUILD_MAX_JOBS=$NIX_BUILD_CORES\n";
-        }
-      ) { };
-    };
+    // b.listToAttrs (
+      map (name: {
+        inherit name;
+        value = special.${name} or (simple name);
+      }) (lib.subtractLists notInThisRevision pythonNames)
+    );
 
   pkgs = lib.fix (b.foldl' (acc: overlay: lib.extends overlay acc) base overlays);
 in
