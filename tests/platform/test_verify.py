@@ -66,13 +66,15 @@ def test_blockers_follow_the_steps_and_doctor_checks_that_observe_them():
 def test_the_report_of_a_run_on_this_cpu_machine(tmp_path, capsys):
     out = tmp_path / "report.md"
     rc = verify.main(["--repo", str(ROOT), "--out", str(out), "--only", "cli-help", "--only", "doctor",
-                      "--only", "gpu-te-nvfp4", "--only", "grpo-torch-torch"])  # fmt: skip
+                      "--only", "gpu-te-nvfp4", "--only", "grpo-torch-torch", "--only", "boxed-math"])  # fmt: skip
     text = out.read_text()
     doctor_row = next(line for line in text.splitlines() if line.startswith("| `doctor` |"))
     doctor_failed = "**fail**" in doctor_row  # e.g. sglang installed without its dependencies (CI)
     assert rc == (1 if doctor_failed else 0), text
     assert " ok" in doctor_row and " skip" in doctor_row  # the doctor's own counts, from its JSON
     assert "| `cli-help` |" in text and "**pass**" in text
+    boxed = next(line for line in text.splitlines() if line.startswith("| `boxed-math` |"))
+    assert "**pass**" in boxed  # math-verify and its ANTLR parser, through the reward itself
     assert "| `gpu-te-nvfp4` |" in text and "no CUDA GPU visible" in text
     rows = [
         line for line in text.splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()

@@ -77,10 +77,18 @@ BLOCKERS: dict[int, tuple[str, tuple[tuple[str, str], ...]]] = {
     10: ("cuda_profiler_api.h missing", (("doctor", "cuda_headers"), ("doctor", "transformer_engine"))),
     11: ("--help crash", (("step", "cli-help"),)),
     12: ("sglang-router x86_64 only", (("doctor", "sglang_router"),)),
-    13: ("omegaconf vs antlr4 4.13", (("doctor", "antlr4_omegaconf"),)),
+    13: ("omegaconf vs antlr4 4.13", (("doctor", "antlr4_omegaconf"), ("step", "boxed-math"))),
     14: ("megatron.training not importable", (("doctor", "megatron_training"),)),
     15: ("tilelang libz3.so missing", (("doctor", "tilelang_z3"),)),
 }
+
+# math-verify is packaged by the flake (no nixpkgs has it) on nixpkgs' antlr4 runtime: one LaTeX
+# answer right and one wrong through the reward itself (the parser pairing fails at import or parse).
+_BOXED_MATH_CHECK = (
+    "from slime_gb10.grpo.rewards import boxed_math_reward as reward; "
+    r"assert reward(r'so \boxed{\frac{1}{2}}', '0.5') == 1.0; "
+    r"assert reward(r'so \boxed{3}', '0.5') == 0.0; print('boxed_math: ok')"
+)
 
 _DOCTOR_STATUS = {"ok": "pass", "warn": "pass", "skip": "skip", "fail": "fail"}
 
@@ -112,6 +120,12 @@ def plan(repo: Path | None, work: Path, python: str = sys.executable, scale: flo
             "Triton compiles a kernel for sm_121a (no GPU needed)",
             (*py, "-m", "slime_gb10.platform.aot", "triton", "--arch", "121"),
             300,
+        ),
+        Step(
+            "boxed-math",
+            "the boxed_math reward: HF math-verify and its ANTLR parser in this environment",
+            (*py, "-c", _BOXED_MATH_CHECK),
+            120,
         ),
     ]
     if repo is not None:
