@@ -5,11 +5,13 @@ CPU machine: the GPU steps skip, saying why)."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
-from slime_gb10.platform import verify
+from slime_gb10.platform import subproc, verify
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -19,6 +21,34 @@ def test_a_hanging_step_is_killed_at_its_limit_with_its_children():
     start = time.monotonic()
     result = verify.run_step(step, dict(os.environ), have_gpu=False)
     assert result.status == "timeout" and time.monotonic() - start < 10
+    child = int(result.output.split()[0])
+    assert (
+        not Path(f"/proc/{child}").exists()
+        or "Z" in Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1][:3]
+    )
+
+
+def test_the_step_returns_only_once_its_process_group_has_stopped(monkeypatch):
+    """SIGKILL is delivered asynchronously (under load, a killed member can still run for a while
+    after kill() returns: issue #41 saw the test above fail on two busy cores). Simulated here by a
+    kill that reaches the group's other members 0.3 s after the leader: run_step must not return
+    while a member of the group still runs."""
+    real_killpg = os.killpg
+
+    def late_killpg(pgid, sig):
+        if sig == signal.SIGKILL:  # the leader at once, the rest of its group 0.3 s later
+            os.kill(pgid, sig)
+            threading.Timer(0.3, real_killpg, (pgid, sig)).start()
+        else:
+            real_killpg(pgid, sig)
+
+    monkeypatch.setattr(subproc.os, "killpg", late_killpg)
+    # once the PID is printed no member holds the output pipes, so draining them waits for nothing
+    cmd = ("sh", "-c", "sleep 100 >/dev/null 2>&1 & echo $!; exec sleep 100 >/dev/null 2>&1")
+    result = verify.run_step(
+        verify.Step("hang", "a tool that hangs", cmd, 0.5), dict(os.environ), have_gpu=False
+    )
+    assert result.status == "timeout"
     child = int(result.output.split()[0])
     assert (
         not Path(f"/proc/{child}").exists()

@@ -18,6 +18,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import IO
 
 # After the child exits: how long its leftover group members may keep writing before they are killed.
@@ -90,7 +91,35 @@ def _join(readers: list[threading.Thread], proc: subprocess.Popen, timeout_s: fl
                 pipe.close()
 
 
-def _kill_group(pgid: int) -> None:
-    """SIGKILL every process left in the group ``pgid`` (the child's own pid: it is the leader)."""
+def _kill_group(pgid: int, wait_s: float = 5.0) -> None:
+    """SIGKILL every process left in the group ``pgid`` (the child's own pid: it is the leader), and
+    wait (at most ``wait_s``) until none of them is running any more: SIGKILL is delivered
+    asynchronously, and a caller that checks right after (or starts the next step) must not find a
+    member still alive. A killed member that is only waiting to be reaped (a zombie: its parent, the
+    shell we already waited for, is gone) runs nothing and counts as gone."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
+    end = time.monotonic() + wait_s
+    while _group_running(pgid) and time.monotonic() < end:
+        time.sleep(0.005)
+
+
+def _group_running(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` is still running (not a zombie). Reads /proc on Linux;
+    elsewhere a signal 0 to the group answers (zombies then count as running)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # exited while we looked
+        # after the command's closing parenthesis: state, ppid, pgrp
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
