@@ -104,7 +104,7 @@ rec {
       # target is enough (nixpkgs' TE drops "12.1" from its list for the same reason: 120f covers
       # it). Add "12.0" here to also serve RTX 50xx / RTX PRO 6000 from the same build.
       familyCapabilities = [ "12.1" ];
-      sglKernelGb10Only = true; # blocker 5: only sm_120a + sm_121a, no FA3
+      sglKernelGb10Only = true; # blocker 5: only familyCapabilities (sm_121a), no FA3
       # nvcc --threads per job x parallel jobs: 2 x 4 = 8 cicc processes at ~12 GB peak each
       # stays under the 128 GB of unified memory with a reserve for the OS.
       sglKernelNvccThreads = 2;

@@ -27,7 +27,7 @@ in
   ];
 
   # The non-NixOS driver helper (numtide/nix-gl-host, pinned in flake.lock): its default.nix
-  # (`{ pkgs, lib ? pkgs.lib }` @ 5269b23) called with this package set. Not the input's
+  # (`{ pkgs ? import <nixpkgs> { }, lib ? pkgs.lib }` @ 5269b23) called with this package set. Not the input's
   # `packages.<system>.default`: that one imports nixpkgs a second time for every system.
   nixglhost =
     if nix-gl-host == null then null else final.callPackage (nix-gl-host + "/default.nix") { pkgs = final; };
@@ -60,21 +60,22 @@ in
         ps.sglang-kernel
       ];
       missing = lib.concatMap (p: p.gb10Fallback.missing) fallbacks;
-      # What the full environment adds, and their Python dependencies: one that nixpkgs refuses
-      # here (an unfree licence the config does not accept, a platform it is not for, marked
-      # broken) would abort the evaluation of the full environment, so the full one is chosen
-      # only where each is `meta.available` (pkgs/stdenv/generic/check-meta.nix; for example
-      # xgrammar's badPlatforms has aarch64-linux, tests/nix/nixpkgs-facts.json).
+      # What the full environment adds, and their direct Python dependencies: one that nixpkgs
+      # refuses here (an unfree licence the config does not accept, a platform it is not for,
+      # marked broken) would abort the evaluation of the full environment, so the full one is
+      # chosen only where each is `meta.available` (pkgs/stdenv/generic/check-meta.nix; for
+      # example xgrammar's badPlatforms has aarch64-linux, tests/nix/nixpkgs-facts.json). Deeper
+      # dependencies are not walked (nixpkgs' own checkMetaRecursively is off by default).
+      # Only names are compared: comparing two derivations reads their outPath, which throws for
+      # exactly the packages looked for here.
       added = [
         ps.sglang
         ps.sglang-kernel
         ps.transformer-engine
       ];
       isPackage = p: lib.isAttrs p && p ? meta;
-      checked = lib.unique (
-        added ++ lib.filter isPackage (lib.concatMap (p: p.propagatedBuildInputs or [ ]) added)
-      );
-      unavailable = map lib.getName (lib.filter (p: !(p.meta.available or true)) checked);
+      checked = added ++ lib.filter isPackage (lib.concatMap (p: p.propagatedBuildInputs or [ ]) added);
+      unavailable = lib.unique (map lib.getName (lib.filter (p: !(p.meta.available or true)) checked));
     in
     {
       source = if fallbacks == [ ] then "nixpkgs" else "PyPI wheels (this nixpkgs lacks sglang)";

@@ -20,7 +20,10 @@ buildPythonPackage (finalAttrs: {
 
   src = fetchPypi {
     pname = "latex2sympy2_extended";
-    inherit (finalAttrs) version format;
+    inherit (finalAttrs) version;
+    # not finalAttrs.format: buildPythonPackage keeps `format` out of the derivation's attributes
+    # (mk-python-derivation.nix excludeDrvArgNames), so finalAttrs has none
+    format = "wheel";
     dist = "py3";
     python = "py3";
     hash = "sha256-rrt31SziaeJQKOS+qJ3bFNJCuja897Y2SW+1/Zco0jQ=";
@@ -40,7 +43,8 @@ buildPythonPackage (finalAttrs: {
     sympy
     antlr4-python3-runtime
   ];
-  # The runtime's version is nixpkgs' (>= 4.9.3 holds; the <= 4.13.2 bound is checked by the import below).
+  # The runtime's version is nixpkgs' 4.13.x: the METADATA bound (<= 4.13.2) is relaxed so that
+  # tools reading it do not object; nothing checks a wheel's bounds at build time, the import does.
   pythonRelaxDeps = [ "antlr4-python3-runtime" ];
 
   pythonImportsCheck = [ "latex2sympy2_extended.latex2sympy2" ];

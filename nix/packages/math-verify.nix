@@ -18,7 +18,10 @@ buildPythonPackage (finalAttrs: {
 
   src = fetchPypi {
     pname = "math_verify";
-    inherit (finalAttrs) version format;
+    inherit (finalAttrs) version;
+    # not finalAttrs.format: buildPythonPackage keeps `format` out of the derivation's attributes
+    # (mk-python-derivation.nix excludeDrvArgNames), so finalAttrs has none
+    format = "wheel";
     dist = "py3";
     python = "py3";
     hash = "sha256-NwPnxIhTVAJ/qEQJ12KllqKQbR/U3reDYYdr2QWnYZQ=";

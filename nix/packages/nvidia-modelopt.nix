@@ -33,7 +33,10 @@ buildPythonPackage (finalAttrs: {
 
   src = fetchPypi {
     pname = "nvidia_modelopt";
-    inherit (finalAttrs) version format;
+    inherit (finalAttrs) version;
+    # not finalAttrs.format: buildPythonPackage keeps `format` out of the derivation's attributes
+    # (mk-python-derivation.nix excludeDrvArgNames), so finalAttrs has none
+    format = "wheel";
     dist = "py3";
     python = "py3";
     hash = "sha256-2xPmLX7+ShUS6LjD9HnijWQCIwb5ShlPEyNOfcodMSA=";

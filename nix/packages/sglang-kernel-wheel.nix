@@ -47,7 +47,10 @@ buildPythonPackage (finalAttrs: {
 
   src = fetchPypi {
     pname = "sglang_kernel";
-    inherit (finalAttrs) version format;
+    inherit (finalAttrs) version;
+    # not finalAttrs.format: buildPythonPackage keeps `format` out of the derivation's attributes
+    # (mk-python-derivation.nix excludeDrvArgNames), so finalAttrs has none
+    format = "wheel";
     inherit (wheel) platform hash;
     dist = "cp310";
     python = "cp310";
@@ -72,8 +75,9 @@ buildPythonPackage (finalAttrs: {
   # No sgl_kernel extension links them (readelf: their NEEDED lists name libtorch, CUDA, numa and
   # libc only; mscclpp is linked statically into common_ops) and no sgl_kernel module imports
   # _mscclpp, so they go: they would otherwise collide in environments as site-packages/lib.
+  # (read in the aarch64 wheel; -f: a wheel without one of them is fine too)
   postInstall = ''
-    rm -rv $out/${python.sitePackages}/_mscclpp.cpython-310-*.so \
+    rm -rf $out/${python.sitePackages}/_mscclpp.cpython-310-*.so \
       $out/${python.sitePackages}/{lib,lib64,include}
   '';
 

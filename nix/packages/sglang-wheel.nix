@@ -126,7 +126,10 @@ buildPythonPackage (finalAttrs: {
   format = "wheel";
 
   src = fetchPypi {
-    inherit (finalAttrs) pname version format;
+    inherit (finalAttrs) pname version;
+    # not finalAttrs.format: buildPythonPackage keeps `format` out of the derivation's attributes
+    # (mk-python-derivation.nix excludeDrvArgNames), so finalAttrs has none
+    format = "wheel";
     inherit (wheel) platform hash;
     dist = pythonTag;
     python = pythonTag;

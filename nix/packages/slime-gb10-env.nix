@@ -5,7 +5,7 @@
 #                   and both training backends (PyTorch; Megatron-core with its local layer spec)
 #                   run in it, and it never refers to sglang: it evaluates on a nixpkgs revision
 #                   without python3Packages.sglang / sglang-kernel.
-#   variant "full": core + sglang, sgl-kernel (built for sm_120a/121a) and TransformerEngine: the
+#   variant "full": core + sglang, sgl-kernel (built for sm_121a on GB10) and TransformerEngine: the
 #                   design's environment (SGLang rollouts, Megatron-core + TE training).
 #
 # The wrappers set
@@ -171,9 +171,10 @@ let
   setupEnv = gb10.shellExports runtimeEnv;
 
   # How a wrapper starts the real program ("$@") with the host driver visible to it alone.
-  # nixglhost runs once: `-p` refreshes its cache of the host's driver libraries and prints their
-  # directory, which goes on this program's LD_LIBRARY_PATH (what `nixglhost <program>` itself
-  # does before its exec; its GLX/EGL variables matter to OpenGL programs, not to CUDA).
+  # nixglhost runs once: `-p` refreshes its cache of the host's driver libraries and prints the
+  # library path into it (colon-separated cache directories), which goes first on this program's
+  # LD_LIBRARY_PATH (what `nixglhost <program>` itself does before its exec; its GLX/EGL variables
+  # matter to OpenGL programs, not to CUDA).
   launch = ''
     if [ ! -e /run/opengl-driver/lib/libcuda.so.1 ]; then
       if ${

@@ -12,7 +12,7 @@
 # Blocker 9: CMake >= 4 parses the `f` suffix (checked at evaluation time: broken, with a warning, without it);
 #            CMAKE_POLICY_VERSION_MINIMUM=3.5 for the vendored sub-projects.
 # Blocker 10: cuda_profiler_api.h from cudaPackages.cuda_profiler_api, else the shim
-#            (`profilerApi`, chosen in overlay.nix; its include dir is also on CPATH here).
+#            (`profilerApi`, chosen in toolchain.nix; its include dir is also on CPATH here).
 {
   lib,
   gb10,
@@ -39,7 +39,7 @@ old:
 lib.warnIf (!cmakeFits) "slime-gb10: ${why}" {
   meta = (old.meta or { }) // lib.optionalAttrs (!cmakeFits) { broken = true; };
 
-  # the CMake the assertion above checked, first on PATH (nixpkgs' own cmake input may be 3.x)
+  # the CMake checked above (cmakeFits), first on PATH (nixpkgs' own cmake input may be 3.x)
   nativeBuildInputs = [ cmake ] ++ (old.nativeBuildInputs or [ ]);
 
   env = (old.env or { }) // {

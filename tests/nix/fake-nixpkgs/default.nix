@@ -90,8 +90,18 @@ let
           meta = (attrs.meta or { }) // {
             available = availableFor attrs;
           };
-          outPath = "/nix/store/00000000000000000000000000000000-${name}";
-          drvPath = "/nix/store/00000000000000000000000000000000-${name}.drv";
+          # make-derivation.nix: outPath and drvPath assert check-meta's validity, so reading them
+          # (a comparison of two derivations does) throws for a package that is not available
+          outPath =
+            if availableFor attrs then
+              "/nix/store/00000000000000000000000000000000-${name}"
+            else
+              throw "fake nixpkgs: ${name} is not available on ${system} (check-meta refuses it)";
+          drvPath =
+            if availableFor attrs then
+              "/nix/store/00000000000000000000000000000000-${name}.drv"
+            else
+              throw "fake nixpkgs: ${name} is not available on ${system} (check-meta refuses it)";
           overrideAttrs = f: mkDrv (attrs // (if b.isFunction f then f attrs else f));
         }
         // b.listToAttrs (
@@ -113,7 +123,13 @@ let
   buildPythonPackage =
     attrsOrFn:
     let
-      attrs = if b.isFunction attrsOrFn then lib.fix attrsOrFn else attrsOrFn;
+      # finalAttrs is the derivation's attributes: mk-python-derivation.nix keeps `format` and
+      # `pyproject` out of them (excludeDrvArgNames), so `finalAttrs.format` is an error there too
+      attrs =
+        if b.isFunction attrsOrFn then
+          lib.fix (final: attrsOrFn (b.removeAttrs final [ "format" "pyproject" ]))
+        else
+          attrsOrFn;
       drv = mkDrv (
         attrs
         // {
