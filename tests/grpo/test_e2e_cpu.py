@@ -278,3 +278,16 @@ def test_sigint_during_an_update_waits_for_the_step_then_checkpoints(tiny_model_
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in lines] == [1, 2]  # step 2 finished and was logged
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+
+
+def test_the_trainer_computes_advantages_from_the_shaped_rewards(tiny_model_dir, tmp_path):
+    """algo.truncated_reward through the real trainer: every completion is cut at its one-token
+    budget, so with truncated_reward 0 every shaped reward is 0, no group has a signal and nothing
+    is trained, while the task reward (what reward_mean reports) is the usual ~0.5."""
+    config = make_config(tiny_model_dir, tmp_path / "run", **{"train.steps": 2, "algo.truncated_reward": 0.0})
+    history, _ = run(config)
+    for row in history:
+        assert row["truncated_frac"] == 1.0
+        assert row["shaped_reward_mean"] == 0.0 and row["reward_mean"] > 0.0
+        assert row["signal_groups"] == 0.0 and row["zero_variance_groups"] == 1.0
+        assert math.isnan(row["loss"])  # no trainable sample: no update

@@ -32,3 +32,29 @@ def test_the_auto_reward_is_decided_in_one_place():
     assert DataConfig().reward_spec() == "arithmetic"
     assert DataConfig(task="file", path="x.jsonl").reward_spec() == "gsm8k"
     assert DataConfig(task="file", path="x.jsonl", reward="boxed_math").reward_spec() == "boxed_math"
+
+
+def test_the_gsm8k_recipe_stops_at_the_answer_line_the_reward_reads():
+    """rollout.stop_regex ends a completion with its first `#### n` line: the gsm8k reward of the cut
+    text equals that of the whole text (it reads the first answer), and the tail it would have
+    rewarded is gone; the overlong penalty covers the last quarter of the budget (DAPO)."""
+    import re
+
+    from slime_gb10.grpo.rewards import gsm8k_reward
+
+    c = build_config("gsm8k-smollm2-135m", {}, [])
+    assert c.algo.overlong_buffer == c.rollout.max_new_tokens // 4
+    (pattern,) = c.rollout.stop_regex
+    texts = [
+        "3 + 4 = 7\n#### 7\nNow a harder one: 8 + 9 = 17 #### 17\n",
+        "So she pays $1,234.50.\n#### $1,234.50\nExtra words to the cap",
+        "#### -3 degrees\nand more",
+    ]
+    for text in texts:
+        match = re.search(pattern, text)
+        assert match is not None, text
+        cut = text[: match.end()]
+        assert cut.endswith("\n") and gsm8k_reward(cut, "7") == gsm8k_reward(text, "7")
+        for truth in ("7", "1234.5", "-3"):
+            assert gsm8k_reward(cut, truth) == gsm8k_reward(text, truth)
+    assert re.search(pattern, "no final answer yet #### ") is None  # nothing to stop at

@@ -382,6 +382,30 @@ def test_stop_strings_cut_the_completion(engine, tokenizer):
     assert len(cut.completion_ids) <= 3
 
 
+def test_a_stop_regex_ends_the_completion_where_its_first_match_ends(engine, tokenizer):
+    """The end-of-answer stop (rollout.stop_regex): the completion is the shortest prefix whose text
+    holds a match, and the rest of the greedy continuation is gone."""
+    import re
+
+    prompts = _prompts(tokenizer)
+    free = engine.generate(prompts[:1], SamplingParams(max_new_tokens=12, temperature=0.0))[0]
+    # the text of the greedy prefix of 3 tokens, its last character left to the regex (any character)
+    target = tokenizer.decode(free.completion_ids[:3], skip_special_tokens=True)
+    if not target:
+        pytest.skip("degenerate greedy text for this random model")
+    pattern = "^" + re.escape(target[:-1]) + "(?s:.)"
+    cut = engine.generate(
+        prompts[:1], SamplingParams(max_new_tokens=12, temperature=0.0, stop_regex=(pattern,))
+    )[0]
+    expected = next(
+        n
+        for n in range(1, len(free.completion_ids) + 1)
+        if re.search(pattern, tokenizer.decode(free.completion_ids[:n], skip_special_tokens=True))
+    )
+    assert cut.finish_reason == "stop" and re.search(pattern, cut.text)
+    assert cut.completion_ids == free.completion_ids[:expected] and expected <= 3
+
+
 @pytest.mark.gpu
 def test_cuda_graph_decoding_matches_dynamic_on_gpu(tiny_dir, tokenizer):
     """The captured decode steps -- the grouped-query decode kernel over attention buckets -- replay

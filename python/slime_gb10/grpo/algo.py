@@ -12,7 +12,7 @@ References
 - PPO-clip: Schulman et al. 2017, "Proximal Policy Optimization Algorithms" (arXiv:1707.06347).
 - DAPO: Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at Scale"
   (arXiv:2503.14476): clip-higher (separate eps_low / eps_high), token-level loss, dynamic
-  sampling (drop groups whose rewards are all equal), overlong filtering.
+  sampling (drop groups whose rewards are all equal), overlong filtering, soft overlong punishment.
 - Dr. GRPO: Liu et al. 2025, "Understanding R1-Zero-Like Training: A Critical Perspective"
   (arXiv:2503.20783): no std scaling of advantages, loss divided by a constant generation budget.
 - k3 KL estimator: Schulman 2020, "Approximating KL Divergence" (http://joschu.net/blog/kl-approx.html).
@@ -84,6 +84,57 @@ def zero_variance_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor
     num_groups = _check_groups(rewards, group_size)
     r = rewards.view(num_groups, group_size)
     return r.amax(dim=1) == r.amin(dim=1)
+
+
+def overlong_penalty(lengths: torch.Tensor, max_new_tokens: int, buffer: int) -> torch.Tensor:
+    """DAPO's soft overlong punishment (Yu et al. 2025, sec. 3.4, eq. 13), per completion.
+
+    With ``L_max = max_new_tokens`` (the generation cap) and ``L_cache = buffer``::
+
+        R_len(y) = 0                                   |y| <= L_max - L_cache
+                 = ((L_max - L_cache) - |y|) / L_cache  L_max - L_cache < |y| <= L_max
+
+    a linear penalty over the last ``buffer`` tokens before the cap that reaches -1 at the cap
+    (the full penalty of a completion cut there). ``buffer = 0``: no penalty. ``lengths`` holds
+    completion token counts; the result is float32 of the same shape.
+    """
+    if buffer < 0 or buffer > max_new_tokens:
+        raise ValueError(
+            f"the overlong buffer must lie in [0, max_new_tokens={max_new_tokens}], got {buffer}"
+        )
+    lengths = lengths.to(torch.float32)
+    if buffer == 0:
+        return torch.zeros_like(lengths)
+    start = max_new_tokens - buffer
+    return torch.clamp((start - lengths) / buffer, min=-1.0, max=0.0)
+
+
+def shape_rewards(
+    rewards: torch.Tensor,
+    lengths: torch.Tensor,
+    truncated: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    overlong_buffer: int = 0,
+    overlong_factor: float = 1.0,
+    truncated_reward: float | None = None,
+) -> torch.Tensor:
+    """The rewards the advantages are computed from: the task's, with the length remedies.
+
+    A reward that reads only the first final answer (GSM8K's ``#### n``) scores whatever follows it
+    too, so a group's rewarded samples teach the policy to keep writing to the cap. Two remedies,
+    each optional (the defaults change nothing):
+
+    - ``truncated_reward``: a completion cut at ``max_new_tokens`` gets this reward instead of its
+      task reward (0.0: a cut answer never pays);
+    - ``overlong_buffer`` > 0: ``overlong_factor *`` :func:`overlong_penalty` is added (DAPO).
+    """
+    shaped = rewards.to(torch.float32).clone()
+    if truncated_reward is not None:
+        shaped = torch.where(truncated.bool(), torch.full_like(shaped, float(truncated_reward)), shaped)
+    if overlong_buffer:
+        shaped = shaped + overlong_factor * overlong_penalty(lengths, max_new_tokens, overlong_buffer)
+    return shaped
 
 
 def aggregate_loss(

@@ -90,6 +90,17 @@ class DataConfig(_Section):
         return self
 
 
+def _compiled(patterns: list[str], key: str) -> list[str]:
+    import re
+
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"{key}: {pattern!r} is not a regular expression ({exc})") from None
+    return patterns
+
+
 class RolloutConfig(_Section):
     # The embedded default is small enough for a CPU (minutes); a GPU run raises these
     # (benchmarks/grpo: 16 prompts x 8 samples x 128 tokens).
@@ -101,6 +112,11 @@ class RolloutConfig(_Section):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = -1
     stop: list[str] = Field(default_factory=list)
+    stop_regex: list[str] = Field(
+        default_factory=list,
+        description="Regular expressions (Python re syntax): a completion ends where the first match "
+        "ends, kept in the text; e.g. the end of a GSM8K answer line '####\\s*-?[\\d,.]*\\d[^\\n]*\\n'.",
+    )
     # Sequences generated together (None: the whole step's batch at once).
     generation_batch_size: int | None = Field(default=None, ge=1)
     weight_bucket_mb: int = Field(default=256, ge=1)
@@ -112,6 +128,11 @@ class RolloutConfig(_Section):
         description="torch engine: torch.compile the static-cache decode step (fuses norms, rotary and "
         "activations; one compile per batch and cache size). None: on with CUDA-graph decoding.",
     )
+
+    @model_validator(mode="after")
+    def _regexes_compile(self) -> RolloutConfig:
+        _compiled(self.stop_regex, "rollout.stop_regex")
+        return self
 
 
 class TrainConfig(_Section):
@@ -161,6 +182,20 @@ class AlgoConfig(_Section):
     loss_agg: Literal["token-mean", "seq-mean", "dr-grpo"] = "token-mean"  # see algo.aggregate_loss
     scale_rewards: bool = True  # divide group advantages by the group's std (Dr. GRPO: False)
     mask_truncated: bool = False  # overlong filtering: drop completions cut at max_new_tokens
+    overlong_buffer: int = Field(
+        default=0,
+        ge=0,
+        description="DAPO soft overlong punishment: a penalty growing linearly over the last N tokens "
+        "before rollout.max_new_tokens, -1 (times algo.overlong_penalty) at the cap; 0: off.",
+    )
+    overlong_penalty: float = Field(
+        default=1.0, ge=0.0, description="Weight of the overlong penalty (algo.overlong_buffer)."
+    )
+    truncated_reward: float | None = Field(
+        default=None,
+        description="Reward of a completion cut at rollout.max_new_tokens instead of its task reward "
+        "(0.0: a truncated answer never pays); None: its task reward.",
+    )
     # Groups whose samples all got the same reward have zero advantage and no policy gradient
     # (only KL/entropy terms): leave them out of the update (DAPO's dynamic-sampling filter).
     skip_zero_variance_groups: bool = True
@@ -282,6 +317,16 @@ class GRPOConfig(_Section):
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    @model_validator(mode="after")
+    def _overlong_buffer_fits(self) -> GRPOConfig:
+        if self.algo.overlong_buffer > self.rollout.max_new_tokens:
+            raise ValueError(
+                f"algo.overlong_buffer={self.algo.overlong_buffer} is longer than rollout.max_new_tokens="
+                f"{self.rollout.max_new_tokens}: the penalty covers the last tokens before the cap, so set "
+                "it to at most max_new_tokens (DAPO uses a quarter of it)"
+            )
+        return self
 
 
 def valid_keys(model: type[BaseModel] = GRPOConfig, prefix: str = "") -> list[str]:

@@ -61,6 +61,7 @@ def evaluate(
     pass_threshold: float = 1.0,
     seed: int = 0,
     stop: Sequence[str] = (),
+    stop_regex: Sequence[str] = (),
     opens_think: Sequence[bool] | None = None,
     ids: Sequence[str] | None = None,
     batch_size: int | None = None,
@@ -87,7 +88,9 @@ def evaluate(
     greedy = _generate(
         engine,
         [list(p) for p in prompt_ids],
-        SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop=tuple(stop)),
+        SamplingParams(
+            max_new_tokens=max_new_tokens, temperature=0.0, stop=tuple(stop), stop_regex=tuple(stop_regex)
+        ),
         batch_size,
     )
     greedy_texts = [as_scored(g.text, o) for g, o in zip(greedy, opens_think, strict=True)]
@@ -126,7 +129,11 @@ def evaluate(
             engine,
             repeated,
             SamplingParams(
-                max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, stop=tuple(stop)
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                seed=seed,
+                stop=tuple(stop),
+                stop_regex=tuple(stop_regex),
             ),
             batch_size * k if batch_size else None,
         )
@@ -161,5 +168,6 @@ def evaluate_examples(
         pass_threshold=config.data.pass_threshold,
         seed=seed,
         stop=config.rollout.stop,
+        stop_regex=config.rollout.stop_regex,
         batch_size=config.eval.batch_size,
     )

@@ -32,6 +32,8 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = -1  # -1: no top-k
     stop: tuple[str, ...] = ()  # stop strings; the stop string is kept in the text
+    # regular expressions: the completion ends where the first match ends (kept in the text)
+    stop_regex: tuple[str, ...] = ()
     seed: int | None = None
 
     @property

@@ -145,12 +145,14 @@ def step_row(
 ) -> dict:
     """The ``metrics.jsonl`` row of one GRPO step from each rank's part (one part on one rank).
 
-    A part holds its samples' ``rewards``, completion ``lengths``, ``truncated`` flags, per-group
+    A part holds its samples' task ``rewards`` (and optionally ``shaped_rewards``, what the
+    advantages were computed from), completion ``lengths``, ``truncated`` flags, per-group
     ``zero_variance`` flags, ``reward_errors``, the backend's ``train_metrics`` (empty if the rank
     trained nothing), ``train_tokens``, its share of the ``loss`` (already divided by the global
     count, so the shares add up) and its phase ``times`` in seconds (the slowest rank's count).
     """
     rewards = [r for part in ranks for r in part["rewards"]]
+    shaped = [r for part in ranks for r in part.get("shaped_rewards", part["rewards"])]
     lengths = [n for part in ranks for n in part["lengths"]]
     truncated = [t for part in ranks for t in part["truncated"]]
     zero_variance = [z for part in ranks for z in part["zero_variance"]]
@@ -175,6 +177,10 @@ def step_row(
         "response_len_mean": sum(lengths) / n,
         "truncated_frac": sum(truncated) / n,
         "zero_variance_groups": sum(zero_variance) / len(zero_variance),
+        # the groups whose rewards differ: the share of the batch that carries a policy gradient
+        "signal_groups": 1.0 - sum(zero_variance) / len(zero_variance),
+        # what the advantages were computed from (the task reward plus the length remedies)
+        "shaped_reward_mean": sum(shaped) / n,
         **{key: train_metric(key) for key in ("entropy", "kl", "clip_frac", "ratio_mean", "tis_weight_mean")},
         "loss": sum(part["loss"] for part in ranks),
         "grad_norm": grad_norm,

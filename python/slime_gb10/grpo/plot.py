@@ -15,6 +15,7 @@ from slime_gb10.utils.atomic import atomic_open
 PANELS = [
     (("reward_mean", "pass_rate"), "reward (mean) and pass rate"),
     (("response_len_mean",), "response length (tokens)"),
+    (("truncated_frac", "signal_groups"), "truncated at the cap; groups with signal"),
     (("entropy",), "entropy (nats/token)"),
     (("kl",), "KL(policy || reference)"),
     (("clip_frac",), "clip fraction"),

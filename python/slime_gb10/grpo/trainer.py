@@ -279,6 +279,7 @@ class GRPOTrainer:
             top_p=r.top_p,
             top_k=r.top_k,
             stop=tuple(r.stop),
+            stop_regex=tuple(r.stop_regex),
             seed=seed,
         )
 
@@ -352,7 +353,13 @@ class GRPOTrainer:
                 history.append(row)
                 if progress is not None:
                     progress.update(1)
-                    progress.set_postfix(reward=f"{row['reward_mean']:.3f}", s=f"{row['step_time_s']:.1f}")
+                    progress.set_postfix(
+                        reward=f"{row['reward_mean']:.3f}",
+                        len=f"{row['response_len_mean']:.0f}",
+                        trunc=f"{row['truncated_frac']:.2f}",
+                        signal=f"{row['signal_groups']:.2f}",
+                        s=f"{row['step_time_s']:.1f}",
+                    )
                 every = cfg.output.checkpoint_every
                 if every and (self.step % every == 0 or self.step == cfg.train.steps):
                     self.save("final" if self.step == cfg.train.steps else "periodic")
@@ -418,7 +425,16 @@ class GRPOTrainer:
         scored = [as_scored(g.text, o) for g, o in zip(generations, opens, strict=True)]
         rewards, reward_errors = safe_rewards(self.reward_fn, scored, truths)
         self._check_reward_failures(reward_errors, len(rewards), step)
-        reward_t = torch.tensor(rewards, dtype=torch.float32)
+        # the length remedies (algo.truncated_reward, algo.overlong_buffer): what advantages see
+        reward_t = algo.shape_rewards(
+            torch.tensor(rewards, dtype=torch.float32),
+            torch.tensor([len(g.completion_ids) for g in generations]),
+            torch.tensor([g.truncated for g in generations]),
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            overlong_buffer=cfg.algo.overlong_buffer,
+            overlong_factor=cfg.algo.overlong_penalty,
+            truncated_reward=cfg.algo.truncated_reward,
+        )
         advantages = algo.group_advantages(reward_t, G, scale_std=cfg.algo.scale_rewards)
         zero_var = algo.zero_variance_groups(reward_t, G)
 
@@ -472,6 +488,7 @@ class GRPOTrainer:
                 self.dist.gather(
                     {
                         "rewards": rewards,
+                        "shaped_rewards": reward_t.tolist(),
                         "lengths": [len(g.completion_ids) for g in generations],
                         "truncated": [g.truncated for g in generations],
                         "zero_variance": zero_var.tolist(),

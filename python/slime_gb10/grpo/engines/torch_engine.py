@@ -26,6 +26,7 @@ The engine holds its own copy of the weights (BF16 on a GPU), refreshed from the
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Sequence
 
 import torch
@@ -124,6 +125,11 @@ class _GraphedStep:
         graph, logits = self.graphs[length]
         graph.replay()
         return logits
+
+
+def _stops_in(text: str, params: SamplingParams) -> bool:
+    """Whether ``text`` holds one of ``params``' stop strings or a match of a stop regex."""
+    return any(s in text for s in params.stop) or any(re.search(p, text) for p in params.stop_regex)
 
 
 class TorchRolloutEngine(RolloutEngine):
@@ -281,8 +287,8 @@ class TorchRolloutEngine(RolloutEngine):
             token = record(token, finished, step)
             tokens.append(token)
             logprobs.append(logprob)
-            if params.stop:
-                finished |= self._stop_strings_hit(tokens, finished, params.stop, stop_hit)
+            if params.stop or params.stop_regex:
+                finished |= self._stop_strings_hit(tokens, finished, params, stop_hit)
             if step == params.max_new_tokens - 1:
                 break
             if step % 4 == 3 and all_finished.check(finished):
@@ -309,7 +315,7 @@ class TorchRolloutEngine(RolloutEngine):
         for row, ((completion, row_logprobs, reason), text) in enumerate(zip(rows, texts)):
             if stop_hit[row]:
                 reason = "stop"
-                completion, row_logprobs, text = self._cut_at_stop(completion, row_logprobs, params.stop)
+                completion, row_logprobs, text = self._cut_at_stop(completion, row_logprobs, params)
             generations.append(
                 Generation(
                     prompt_ids=list(prompts[row]),
@@ -445,24 +451,26 @@ class TorchRolloutEngine(RolloutEngine):
         """``cuda_graph``: 1 while decode steps replay CUDA graphs, 0 after a fallback (or off a GPU)."""
         return {"cuda_graph": float(self.decode == "cuda_graph")}
 
-    def _stop_strings_hit(self, tokens, finished, stops, stop_hit) -> torch.Tensor:
-        """Rows whose recent text contains a stop string (checked on the host; only when stops are given)."""
-        recent = torch.stack(tokens[-8:], dim=1).cpu().tolist()
+    def _stop_strings_hit(self, tokens, finished, params, stop_hit) -> torch.Tensor:
+        """Rows whose recent text holds a stop string or a stop-regex match (checked on the host;
+        only when stops are given). A regex sees the last 32 tokens' text (an answer line fits; a
+        match longer than that is not found)."""
+        recent = torch.stack(tokens[-32 if params.stop_regex else -8 :], dim=1).cpu().tolist()
         done = finished.cpu().tolist()
         hit = [False] * len(recent)
         for row, ids in enumerate(recent):
             if done[row] or stop_hit[row]:
                 continue
             tail = self.tokenizer.decode(ids, skip_special_tokens=True)
-            if any(s in tail for s in stops):
+            if _stops_in(tail, params):
                 hit[row] = stop_hit[row] = True
         return torch.tensor(hit, dtype=torch.bool, device=finished.device)
 
-    def _cut_at_stop(self, completion, logprobs, stops):
-        """Shortest prefix whose text contains a stop string (the stop string is kept)."""
+    def _cut_at_stop(self, completion, logprobs, params):
+        """Shortest prefix whose text holds a stop string or regex match (the stop is kept)."""
         for n in range(1, len(completion) + 1):
             text = self.tokenizer.decode(completion[:n], skip_special_tokens=True)
-            if any(s in text for s in stops):
+            if _stops_in(text, params):
                 return completion[:n], logprobs[:n], text
         return completion, logprobs, self.tokenizer.decode(completion, skip_special_tokens=True)
 
