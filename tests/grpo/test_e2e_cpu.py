@@ -291,3 +291,30 @@ def test_the_trainer_computes_advantages_from_the_shaped_rewards(tiny_model_dir,
         assert row["shaped_reward_mean"] == 0.0 and row["reward_mean"] > 0.0
         assert row["signal_groups"] == 0.0 and row["zero_variance_groups"] == 1.0
         assert math.isnan(row["loss"])  # no trainable sample: no update
+
+
+def test_a_run_on_reasoning_gym_tasks(tiny_model_dir, tmp_path):
+    """--data rg:gcd,lcm through the real trainer: its reward (the tasks' own scorers) and its fixed
+    held-out set in the step-0 and final evals."""
+    pytest.importorskip(
+        "reasoning_gym", reason="reasoning-gym is not installed (pip install 'slime-gb10[rg]')"
+    )
+    config = make_config(
+        tiny_model_dir,
+        tmp_path / "run",
+        **{
+            "data.task": "file",
+            "data.path": "rg:gcd,lcm",
+            "data.reward": "auto",
+            "data.limit": 16,
+            "data.eval_size": 4,
+            "rollout.max_new_tokens": 4,
+            "train.steps": 2,
+            "eval.every": 2,
+        },
+    )
+    history, _ = run(config)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows if "eval/pass@1" in row] == [0, 2]
+    assert all(row["eval/num_prompts"] == 4 for row in rows if "eval/pass@1" in row)
+    assert [row["reward_errors"] for row in history] == [0, 0]

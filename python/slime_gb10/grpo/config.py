@@ -44,7 +44,8 @@ class ModelConfig(_Section):
 
 class DataConfig(_Section):
     # "arithmetic": the procedural task (no files); "file": `path` (a JSON/JSONL/Parquet/CSV file,
-    # a named dataset such as "gsm8k" = openai/gsm8k, or "hf:owner/name[:config]" from the hub).
+    # a named dataset such as "gsm8k" = openai/gsm8k, "hf:owner/name[:config]" from the hub, or
+    # "rg:<task>[,<task>...]": reasoning-gym tasks, data.limit items per task, data.eval_size held out).
     task: Literal["arithmetic", "file"] = "arithmetic"
     path: str | None = None
     eval_path: str | None = Field(
@@ -67,8 +68,8 @@ class DataConfig(_Section):
     arithmetic: dict[str, Any] = Field(default_factory=dict)
     reward: str = Field(
         default="auto",
-        description="Reward: gsm8k, boxed_math, format, arithmetic, or a weighted sum such as "
-        "'gsm8k:1.0,format:0.1'; auto: arithmetic for the arithmetic task, else gsm8k.",
+        description="Reward: gsm8k, boxed_math, format, arithmetic, rg, or a weighted sum such as "
+        "'gsm8k:1.0,format:0.1'; auto: arithmetic for the arithmetic task, rg for rg: data, else gsm8k.",
     )
     # A completion "passes" when its reward is at least this (pass_rate, pass@k).
     pass_threshold: float = 1.0
@@ -81,7 +82,9 @@ class DataConfig(_Section):
         (arithmetic for the arithmetic task, gsm8k-style answers for a file)."""
         if self.reward != "auto":
             return self.reward
-        return "arithmetic" if self.task == "arithmetic" else "gsm8k"
+        if self.task == "arithmetic":
+            return "arithmetic"
+        return "rg" if (self.path or "").startswith("rg:") else "gsm8k"
 
     @model_validator(mode="after")
     def _file_needs_path(self) -> DataConfig:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from slime_gb10.grpo import data, hub_data
+from slime_gb10.grpo import data, hub_data, rg_tasks
 
 log = logging.getLogger("slime_gb10.grpo")
 
@@ -29,10 +29,17 @@ def load_splits(cfg: Any, seed: int) -> tuple[Any, list[data.PromptExample]]:
 
     Held-out examples come from ``cfg.eval_path`` when set, else from a hub dataset's test split,
     else ``cfg.eval_size`` examples are held out of the training file (none when it is 0).
+    ``rg:<task>[,…]`` (reasoning-gym) has its own fixed held-out set of ``cfg.eval_size`` questions.
     """
     if cfg.task == "arithmetic":
         task = data.ArithmeticTask(seed=seed, **cfg.arithmetic)
         return task, list(task.eval_set(cfg.eval_size)) if cfg.eval_size else []
+    if rg_tasks.is_rg_spec(cfg.path):
+        if cfg.eval_path:
+            raise data.DatasetError(
+                f"data.eval_path is set, but {cfg.path} holds its own fixed held-out set: unset data.eval_path"
+            )
+        return rg_tasks.load_splits(cfg.path, eval_size=cfg.eval_size, seed=seed, train_size=cfg.limit)
     columns = {"prompt_key": cfg.prompt_key, "answer_key": cfg.answer_key, "layout": cfg.layout}
     examples = hub_data.load_dataset_spec(cfg.path, "train", limit=cfg.limit, **columns)
     eval_spec = cfg.eval_path or (cfg.path if hub_data.hub_dataset(cfg.path) is not None else None)

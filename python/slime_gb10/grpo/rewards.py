@@ -403,11 +403,20 @@ def safe_rewards(
     return rewards, failures
 
 
+def rg_reward(completion: str, ground_truth: str) -> float:
+    """A reasoning-gym task's own score of the completion's final answer (``rg_tasks.rg_reward``;
+    the ground truth is the JSON its ``rg:`` examples carry)."""
+    from slime_gb10.grpo.rg_tasks import rg_reward as score
+
+    return score(completion, ground_truth)
+
+
 REWARDS: dict[str, RewardFn] = {
     "gsm8k": gsm8k_reward,
     "boxed_math": boxed_math_reward,
     "format": format_reward,
     "arithmetic": arithmetic_reward,
+    "rg": rg_reward,
 }
 
 

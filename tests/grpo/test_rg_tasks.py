@@ -1,0 +1,92 @@
+"""reasoning-gym tasks (`--data rg:<task>[,…]`) with the real package: the spec, a fixed held-out set
+that no training question repeats, round-robin mixing, and rewards through each task's own scorer
+(checked against scoring with the full entry, as reasoning-gym itself does)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from slime_gb10.grpo import rewards, rg_tasks
+from slime_gb10.grpo.config import build_config
+from slime_gb10.grpo.data import DatasetError
+
+# The Nix environment does not package reasoning-gym (nix/README.md); pip installs it with [rg].
+rg = pytest.importorskip(
+    "reasoning_gym", reason="reasoning-gym is not installed (pip install 'slime-gb10[rg]')"
+)
+
+# tasks with numbers, words, lists, fractions and probabilities as answers
+TASKS = (
+    "gcd",
+    "lcm",
+    "leg_counting",
+    "count_bits",
+    "letter_counting",
+    "spell_backward",
+    "word_sorting",
+    "number_sorting",
+    "fraction_simplification",
+    "coin_flip",
+    "family_relationships",
+    "basic_arithmetic",
+)
+
+
+def test_the_spec_names_reasoning_gym_tasks():
+    assert rg_tasks.parse_spec("rg:gcd, lcm") == ["gcd", "lcm"]
+    with pytest.raises(DatasetError, match=r"no task 'gdc'.*its tasks: .*gcd"):
+        rg_tasks.parse_spec("rg:gdc")
+    with pytest.raises(DatasetError, match="names a task twice"):
+        rg_tasks.parse_spec("rg:gcd,gcd")
+    with pytest.raises(DatasetError, match=r"write rg:<task>"):
+        rg_tasks.parse_spec("rg:gcd,")
+
+
+def test_the_held_out_set_is_fixed_and_never_trained_on():
+    train_a, held_a = rg_tasks.load_splits("rg:coin_flip,gcd", eval_size=101, seed=1, train_size=400)
+    train_b, held_b = rg_tasks.load_splits("rg:coin_flip,gcd", eval_size=101, seed=2, train_size=400)
+    assert [e.prompt for e in held_a] == [e.prompt for e in held_b]  # the run's seed does not move it
+    assert [e.prompt for e in train_a] != [e.prompt for e in train_b]
+    assert rg_tasks.tasks_of(held_a).count("coin_flip") == 51 and rg_tasks.tasks_of(held_a).count("gcd") == 50
+    for train, held in ((train_a, held_a), (train_b, held_b)):
+        assert not {e.prompt for e in train} & {e.prompt for e in held}
+    # coin_flip has a few hundred distinct questions: without the filter training would repeat held-out ones
+    raw = [e["question"] for e in rg.create_dataset("coin_flip", size=400, seed=1)]
+    assert set(raw) & {e.prompt for e in held_a}
+    # round-robin: the two tasks alternate while both have examples left
+    assert rg_tasks.tasks_of(train_a)[:6] == ["coin_flip", "gcd"] * 3
+    assert len({e.id for e in train_a + held_a}) == len(train_a) + len(held_a)
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_the_reward_is_the_tasks_own_score(task):
+    train, _ = rg_tasks.load_splits(f"rg:{task}", eval_size=0, seed=7, train_size=20)
+    entries = list(rg.create_dataset(task, size=20, seed=7))
+    scorer = rg.get_score_answer_fn(task)
+    for example, entry in zip(train, entries, strict=True):
+        assert example.prompt == entry["question"]
+        right = f"Let me think.\n#### {entry['answer']}\nmore text after the answer"
+        assert rewards.rg_reward(right, example.ground_truth) == 1.0
+        assert rewards.rg_reward(f"<answer>{entry['answer']}</answer>", example.ground_truth) == 1.0
+        assert rewards.rg_reward("no final answer here", example.ground_truth) == 0.0
+        wrong = "#### definitely-not-the-answer 9e99"
+        # a second implementation: the task's scorer on its own full entry
+        assert rewards.rg_reward(wrong, example.ground_truth) == scorer(
+            "definitely-not-the-answer 9e99", entry
+        )
+        assert rewards.rg_reward(wrong, example.ground_truth) < 1.0
+    assert json.loads(train[0].ground_truth)["rg"] == task
+
+
+def test_a_run_on_rg_data_takes_the_rg_reward_and_its_own_held_out_set():
+    config = build_config(overrides={"data.task": "file", "data.path": "rg:gcd,lcm"})
+    assert config.data.reward_spec() == "rg"
+    from slime_gb10.grpo.prompts import load_splits
+
+    train, held = load_splits(config.data.model_copy(update={"limit": 30, "eval_size": 8}), seed=0)
+    assert len(held) == 8 and len(train) <= 60
+    bad = config.data.model_copy(update={"eval_path": "test.jsonl"})
+    with pytest.raises(DatasetError, match="holds its own fixed held-out set"):
+        load_splits(bad, seed=0)
