@@ -6,10 +6,16 @@ from slime_gb10.grpo.config import build_config, recipes
 
 
 def test_every_recipe_is_a_valid_config():
-    assert recipes() == ["gsm8k-qwen2.5-0.5b-gb10", "gsm8k-smollm2-135m"]
+    assert recipes() == ["gsm8k-qwen2.5-0.5b-gb10", "gsm8k-smollm2-135m", "rg-smollm2-135m"]
     for name in recipes():
         config = build_config(name, {}, [])
-        assert config.data.path == "gsm8k" and config.eval.at_end
+        assert config.data.path in ("gsm8k", "rg:gcd") and config.eval.at_end
+
+
+def test_the_rg_recipe_takes_any_task_and_scores_it_with_the_tasks_own_verifier():
+    c = build_config("rg-smollm2-135m", {"data.path": "rg:leg_counting,lcm"}, [])
+    assert c.data.reward_spec() == "rg" and c.data.eval_size == 500 == c.eval.num_prompts
+    assert (c.rollout.prompts_per_step, c.rollout.group_size, c.train.steps) == (32, 8, 150)
 
 
 def test_the_gb10_recipe_is_slimes_run():
