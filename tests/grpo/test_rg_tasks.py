@@ -80,6 +80,17 @@ def test_the_reward_is_the_tasks_own_score(task):
     assert json.loads(train[0].ground_truth)["rg"] == task
 
 
+def test_the_answer_is_the_marked_one_else_the_last_number_for_numeric_references():
+    assert rg_tasks.extract_answer("x #### 12 apples\n#### 13") == "12 apples"
+    assert rg_tasks.extract_answer("<answer>a</answer> then <answer>b</answer>") == "b"
+    assert rg_tasks.extract_answer("The GCD of 777 and 912 is 3.", "3") == "3"
+    assert rg_tasks.extract_answer("The GCD of 777 and 912 is 3.", "reyornac") is None  # words: no guess
+    assert rg_tasks.extract_answer("no digits", "3") is None
+    (example,) = rg_tasks.load_splits("rg:gcd", eval_size=0, seed=7, train_size=1)[0]
+    truth = json.loads(example.ground_truth)["answer"]
+    assert rewards.rg_reward(f"So the answer is {truth}.", example.ground_truth) == 1.0
+
+
 def test_a_run_on_rg_data_takes_the_rg_reward_and_its_own_held_out_set():
     config = build_config(overrides={"data.task": "file", "data.path": "rg:gcd,lcm"})
     assert config.data.reward_spec() == "rg"

@@ -8,7 +8,8 @@ papers): ``--data rg:<task>[,<task>…]``.
   run's seed, without any question of the held-out set (a task with a small question space, such
   as ``coin_flip``, repeats questions across seeds); several tasks are interleaved round-robin.
 - Reward ``rg``: the answer is what follows the first ``####`` (to the end of that line), else the
-  last ``<answer>…</answer>``; it is scored by the task's own ``score_answer`` (answers of any type:
+  last ``<answer>…</answer>``, else (numeric references only) the last number of the completion;
+  it is scored by the task's own ``score_answer`` (answers of any type:
   numbers, words, lists, fractions), from the task name, reference answer and metadata that each
   example's ground truth carries as JSON.
 
@@ -111,15 +112,23 @@ def load_splits(
 
 _HASHES = re.compile(r"####[ \t]*([^\n]*)")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
-def extract_answer(completion: str) -> str | None:
-    """The final answer: the rest of the line after the first ``####``, else the last ``<answer>``."""
+def extract_answer(completion: str, reference: str | None = None) -> str | None:
+    """The final answer: the rest of the line after the first ``####``, else the last ``<answer>``;
+    else, where the ``reference`` answer is a number, the last number of the completion (what the
+    gsm8k reward does: a small model often states "... is 3." without the marker)."""
     match = _HASHES.search(completion)
     if match is not None and match.group(1).strip():
         return match.group(1).strip()
     tags = _ANSWER_TAG.findall(completion)
-    return tags[-1].strip() if tags else None
+    if tags:
+        return tags[-1].strip()
+    if reference is not None and _NUMBER.fullmatch(reference.strip()):
+        numbers = _NUMBER.findall(completion)
+        return numbers[-1] if numbers else None
+    return None
 
 
 @cache
@@ -130,7 +139,7 @@ def _scorer(task: str):
 def rg_reward(completion: str, ground_truth: str) -> float:
     """The task's own ``score_answer`` of the completion's final answer (0.0 without one)."""
     truth = json.loads(ground_truth)
-    answer = extract_answer(completion)
+    answer = extract_answer(completion, str(truth["answer"]))
     if answer is None:
         return 0.0
     entry = {"answer": truth["answer"], "metadata": truth["metadata"]}
