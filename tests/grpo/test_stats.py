@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
+from slime_gb10.grpo import stats as stats_module
 from slime_gb10.grpo.stats import compare_evaluations, mcnemar_exact, wilson_interval
 
 
@@ -72,3 +74,23 @@ def test_compare_evaluations_pairs_by_id():
     assert got["mcnemar_p"] == pytest.approx(2 * (1 + 4) / 16)
     with pytest.raises(ValueError, match="share no question"):
         compare_evaluations(first, {"questions": [{"id": "q", "correct": 1}]})
+
+
+def test_the_constant_answer_baseline_and_the_spread_of_right_answers():
+    """A held-out gain can be a constant answer (session 23: letter_counting's trained model answered
+    "1" to everything and scored exactly the share of questions whose answer is 1). compare reports
+    what always giving the most common reference scores, and how many different answers were right."""
+    truths = ["1", "1", "2", "3"]
+    rg_truth = json.dumps({"rg": "gcd", "answer": "1", "metadata": {}})
+    first = {
+        "questions": [
+            {"id": i, "correct": c, "ground_truth": t} for i, c, t in zip("abcd", [1, 0, 1, 0], truths)
+        ]
+    }
+    second = {"questions": [{"id": i, "correct": c, "ground_truth": t}
+                            for i, c, t in zip("abcd", [1, 1, 0, 0], [rg_truth, "1", "2", "3"])]}  # fmt: skip
+    got = compare_evaluations(first, second)
+    assert (got["constant_answer"], got["constant_answer_rate"]) == ("1", 0.5)
+    assert (got["distinct_right_first"], got["distinct_right_second"]) == (2, 1)
+    assert stats_module.reference_answer(rg_truth) == "1" and stats_module.reference_answer(" 72 ") == "72"
+    assert stats_module.constant_answer_baseline(second["questions"]) == ("1", 0.5)

@@ -401,6 +401,13 @@ def compare_command(first, second):
         f"only second {got['only_second_right']}, neither {got['both_wrong']}"
     )
     click.echo(f"McNemar exact p = {got['mcnemar_p']:.3g}")
+    if got["constant_answer"] is not None:
+        click.echo(
+            f"always answering {got['constant_answer']!r} would score {got['constant_answer_rate']:.4f}; "
+            f"distinct right answers {got['distinct_right_first']} -> {got['distinct_right_second']}"
+        )
+        if got["pass@1_second"] <= got["constant_answer_rate"] and got["distinct_right_second"] <= 1:
+            click.echo("warning: the second model scores no more than that one constant answer does")
 
 
 @click.command("plot")

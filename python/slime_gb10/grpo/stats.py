@@ -13,7 +13,9 @@ the package; the tests check both against hand-computed values and against scipy
 
 from __future__ import annotations
 
+import json
 import math
+from collections import Counter
 
 Z_95 = 1.959963984540054  # the 97.5% quantile of the standard normal
 
@@ -46,6 +48,27 @@ def mcnemar_exact(only_first: int, only_second: int) -> float:
     return min(1.0, 2 * tail)
 
 
+def reference_answer(ground_truth: str) -> str:
+    """The reference answer a question's ground truth names: the ground truth itself, or for
+    reasoning-gym examples (JSON, ``grpo/rg_tasks.py``) its ``answer`` field."""
+    text = str(ground_truth).strip()
+    if text.startswith("{"):
+        try:
+            return str(json.loads(text)["answer"]).strip()
+        except (ValueError, KeyError, TypeError):
+            pass
+    return text
+
+
+def constant_answer_baseline(questions: list[dict]) -> tuple[str, float]:
+    """``(the most common reference answer, the share of questions it answers)``: what a model that
+    always gives that one answer would score under exact match. A trained model whose pass@1 is no
+    higher, and whose right answers are all that one, has learned a constant, not the task."""
+    counts = Counter(reference_answer(q["ground_truth"]) for q in questions)
+    answer, n = counts.most_common(1)[0]
+    return answer, n / len(questions)
+
+
 def compare_evaluations(first: dict, second: dict) -> dict:
     """Paired comparison of two ``slime-gb10 eval --output`` files on the questions both answered.
 
@@ -61,8 +84,17 @@ def compare_evaluations(first: dict, second: dict) -> dict:
     only_first = sum(a[i] and not b[i] for i in shared)
     only_second = sum(b[i] and not a[i] for i in shared)
     n = len(shared)
+    by_id = {q["id"]: q for q in second["questions"]}
+    truths = {i: reference_answer(by_id[i]["ground_truth"]) for i in shared if "ground_truth" in by_id[i]}
+    constant, constant_rate = constant_answer_baseline([by_id[i] for i in truths]) if truths else (None, None)
     return {
         "questions": n,
+        # always answering the most common reference: the score a constant-answer shortcut reaches
+        "constant_answer": constant,
+        "constant_answer_rate": constant_rate,
+        # how many different reference answers the right answers cover (1: a constant answer)
+        "distinct_right_first": len({truths[i] for i in truths if a[i]}),
+        "distinct_right_second": len({truths[i] for i in truths if b[i]}),
         "both_right": both,
         "only_first_right": only_first,
         "only_second_right": only_second,
