@@ -547,3 +547,45 @@ def test_transformer_engine_takes_cmake_4_where_the_default_cmake_is_3(nix_eval)
     )  # fmt: skip
     assert json.loads(done.stdout) is False
     assert "needs CMake >= 4.0" in done.stderr and "pin a newer nixpkgs" in done.stderr
+
+
+def test_the_sgl_kernel_patch_is_skipped_with_a_warning_on_another_source(nix_eval):
+    """Issue #37 item 3: the patch was checked against nixpkgs' 0.4.3 source (156d1af) only.
+    Counterfactual version (the stored files are all 0.4.3): no patch, no GB10 flags, a warning,
+    and the job cap kept."""
+    done = nix_eval.run(
+        ["--readonly-mode", "--eval", "--strict", "--json", "-E",
+         'let pkgs = import ./tests/nix/fake-nixpkgs { system = "aarch64-linux";'
+         ' counterfactual."python3Packages.sglang-kernel".version = "0.4.4";'
+         f" overlays = [ {OVERLAYS} ]; }}; k = pkgs.slime-gb10-python.pkgs.sglang-kernel; in {{"
+         " patches = map toString k.patches; flags = k.cmakeFlags; pre = k.preBuild;"
+         " fromSource = pkgs.slime-gb10-sglang.kernelFromSource; }"],
+    )  # fmt: skip
+    got = json.loads(done.stdout)
+    assert not any(p.endswith("sgl-kernel-gb10-only.patch") for p in got["patches"])
+    assert not any("SGL_KERNEL_GB10" in f for f in got["flags"])
+    assert any(f.startswith("-DSGL_KERNEL_COMPILE_THREADS") for f in got["flags"])
+    assert "CMAKE_BUILD_PARALLEL_LEVEL=$jobs" in got["pre"]
+    assert got["fromSource"] is False  # so no cpu-sgl-kernel-patch check either
+    assert "checked against 0.4.3" in done.stderr and "is not applied" in done.stderr
+
+
+def test_overlays_default_leaves_a_consumers_cuda_set_alone(nix_eval):
+    """Issue #37 item 10: a Jetson (aarch64, not a GB10) applying overlays.default keeps its own
+    cudaPackages and _cuda; the GB10 toolchain is overlays.gb10-toolchain, the flake's own set."""
+    got = nix_eval(
+        'let pkgs = import ./tests/nix/fake-nixpkgs { system = "aarch64-linux"; overlays = ['
+        " (import ./nix/overlay.nix { gb10 = import ./nix/gb10.nix; src = ./.; }) ]; };"
+        " flake = import ./tests/nix/eval-flake.nix { }; in {"
+        "  cudaUntouched = !(builtins.tryEval pkgs.cudaPackages).success;"
+        "  extensions = builtins.length pkgs._cuda.extensions;"
+        "  hasOurs = pkgs.slime-gb10-python.pkgs ? math-verify && pkgs ? slime-gb10-core;"
+        "  exported = builtins.attrNames flake.overlays; }"
+    )
+    # the fake's own cudaPackages throws (nixpkgs' default is 12.9): still the consumer's
+    assert got == {
+        "cudaUntouched": True,
+        "extensions": 0,
+        "hasOurs": True,
+        "exported": ["default", "gb10-toolchain"],
+    }
