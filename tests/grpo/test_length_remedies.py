@@ -100,3 +100,5 @@ def test_the_buffer_must_fit_the_generation_budget():
         build_config(overrides={"algo.overlong_buffer": 64, "rollout.max_new_tokens": 32})
     with pytest.raises(ConfigError, match="is not a regular expression"):
         build_config(overrides={"rollout.stop_regex": ["(("]})
+    with pytest.raises(ConfigError, match="matches the empty text"):
+        build_config(overrides={"rollout.stop_regex": ["\\n?"]})

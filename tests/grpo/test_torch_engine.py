@@ -406,6 +406,26 @@ def test_a_stop_regex_ends_the_completion_where_its_first_match_ends(engine, tok
     assert cut.completion_ids == free.completion_ids[:expected] and expected <= 3
 
 
+def test_an_anchored_stop_regex_is_matched_on_the_whole_text_not_a_window(engine, tokenizer):
+    """The engine searches the last 64 tokens' text; at step 79 of 80 that window starts at token 16,
+    where "^<its text>" matches. The whole completion does not start there: no stop. (Sampled text:
+    the random model's greedy text repeats itself; the same seed gives the same tokens twice.)"""
+    import re
+
+    prompts = _prompts(tokenizer)
+    params = SamplingParams(max_new_tokens=80, temperature=1.0, seed=11)
+    free = engine.generate(prompts[:1], params)[0]
+    if len(free.completion_ids) < 80:
+        pytest.skip("the random model ended early")
+    window_start = tokenizer.decode(free.completion_ids[16:19], skip_special_tokens=True)
+    whole = tokenizer.decode(free.completion_ids, skip_special_tokens=True)
+    pattern = "^" + re.escape(window_start)
+    assert window_start.strip() and not re.search(pattern, whole)
+    anchored = SamplingParams(max_new_tokens=80, temperature=1.0, seed=11, stop_regex=(pattern,))
+    cut = engine.generate(prompts[:1], anchored)[0]
+    assert cut.finish_reason == "length" and cut.completion_ids == free.completion_ids
+
+
 @pytest.mark.gpu
 def test_cuda_graph_decoding_matches_dynamic_on_gpu(tiny_dir, tokenizer):
     """The captured decode steps -- the grouped-query decode kernel over attention buckets -- replay

@@ -98,9 +98,14 @@ def _compiled(patterns: list[str], key: str) -> list[str]:
 
     for pattern in patterns:
         try:
-            re.compile(pattern)
+            compiled = re.compile(pattern)
         except re.error as exc:
             raise ValueError(f"{key}: {pattern!r} is not a regular expression ({exc})") from None
+        if compiled.search("") is not None:
+            raise ValueError(
+                f"{key}: {pattern!r} matches the empty text, so every completion would stop at its first "
+                "token; make the pattern need at least one character"
+            )
     return patterns
 
 

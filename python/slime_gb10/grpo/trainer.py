@@ -426,17 +426,24 @@ class GRPOTrainer:
         rewards, reward_errors = safe_rewards(self.reward_fn, scored, truths)
         self._check_reward_failures(reward_errors, len(rewards), step)
         # the length remedies (algo.truncated_reward, algo.overlong_buffer): what advantages see
+        shaping = {
+            "lengths": torch.tensor([len(g.completion_ids) for g in generations]),
+            "truncated": torch.tensor([g.truncated for g in generations]),
+            "max_new_tokens": cfg.rollout.max_new_tokens,
+            "truncated_reward": cfg.algo.truncated_reward,
+        }
+        task_t = torch.tensor(rewards, dtype=torch.float32)
         reward_t = algo.shape_rewards(
-            torch.tensor(rewards, dtype=torch.float32),
-            torch.tensor([len(g.completion_ids) for g in generations]),
-            torch.tensor([g.truncated for g in generations]),
-            max_new_tokens=cfg.rollout.max_new_tokens,
+            task_t,
+            **shaping,
             overlong_buffer=cfg.algo.overlong_buffer,
             overlong_factor=cfg.algo.overlong_penalty,
-            truncated_reward=cfg.algo.truncated_reward,
         )
         advantages = algo.group_advantages(reward_t, G, scale_std=cfg.algo.scale_rewards)
-        zero_var = algo.zero_variance_groups(reward_t, G)
+        # A group without signal is one whose answers score alike (DAPO's dynamic sampling filters on
+        # accuracy, as verl does): the overlong penalty alone must not keep an all-right group whose
+        # one long answer would then get the advantage of a wrong one.
+        zero_var = algo.zero_variance_groups(algo.shape_rewards(task_t, **shaping), G)
 
         samples = [
             Sample(

@@ -287,7 +287,9 @@ class TorchRolloutEngine(RolloutEngine):
             token = record(token, finished, step)
             tokens.append(token)
             logprobs.append(logprob)
-            if params.stop or params.stop_regex:
+            # stops are looked for every 4 steps (a host sync each time): a row that stopped runs
+            # at most 3 tokens on, which _finish cuts off again (_cut_at_stop)
+            if (params.stop or params.stop_regex) and (step % 4 == 3 or step == params.max_new_tokens - 1):
                 finished |= self._stop_strings_hit(tokens, finished, params, stop_hit)
             if step == params.max_new_tokens - 1:
                 break
@@ -452,27 +454,41 @@ class TorchRolloutEngine(RolloutEngine):
         return {"cuda_graph": float(self.decode == "cuda_graph")}
 
     def _stop_strings_hit(self, tokens, finished, params, stop_hit) -> torch.Tensor:
-        """Rows whose recent text holds a stop string or a stop-regex match (checked on the host;
-        only when stops are given). A regex sees the last 32 tokens' text (an answer line fits; a
-        match longer than that is not found)."""
-        recent = torch.stack(tokens[-32 if params.stop_regex else -8 :], dim=1).cpu().tolist()
+        """Rows whose text holds a stop string or a stop-regex match (checked on the host; only
+        when stops are given). The last 64 tokens' text is searched; a row found there is confirmed
+        on its whole text (a window can start inside a match, and an anchored pattern would match
+        at the window's start). A match longer than 64 tokens is not found: bound such patterns."""
+        window = torch.stack(tokens[-64:], dim=1).cpu().tolist()
         done = finished.cpu().tolist()
-        hit = [False] * len(recent)
-        for row, ids in enumerate(recent):
-            if done[row] or stop_hit[row]:
-                continue
-            tail = self.tokenizer.decode(ids, skip_special_tokens=True)
-            if _stops_in(tail, params):
-                hit[row] = stop_hit[row] = True
+        rows = [row for row in range(len(window)) if not (done[row] or stop_hit[row])]
+        tails = self.tokenizer.batch_decode([window[row] for row in rows], skip_special_tokens=True)
+        candidates = [row for row, tail in zip(rows, tails) if _stops_in(tail, params)]
+        hit = [False] * len(window)
+        if candidates:
+            whole = torch.stack(tokens, dim=1)[candidates].cpu().tolist()
+            texts = self.tokenizer.batch_decode(whole, skip_special_tokens=True)
+            for row, text in zip(candidates, texts):
+                if _stops_in(text, params):
+                    hit[row] = stop_hit[row] = True
         return torch.tensor(hit, dtype=torch.bool, device=finished.device)
 
     def _cut_at_stop(self, completion, logprobs, params):
-        """Shortest prefix whose text holds a stop string or regex match (the stop is kept)."""
-        for n in range(1, len(completion) + 1):
-            text = self.tokenizer.decode(completion[:n], skip_special_tokens=True)
-            if _stops_in(text, params):
-                return completion[:n], logprobs[:n], text
-        return completion, logprobs, self.tokenizer.decode(completion, skip_special_tokens=True)
+        """Shortest prefix whose text holds a stop string or regex match (the stop is kept), found
+        by bisection (a prefix that holds a match keeps holding it as it grows)."""
+
+        def decode(n: int) -> str:
+            return self.tokenizer.decode(completion[:n], skip_special_tokens=True)
+
+        if not _stops_in(decode(len(completion)), params):
+            return completion, logprobs, decode(len(completion))
+        low, high = 1, len(completion)
+        while low < high:
+            mid = (low + high) // 2
+            if _stops_in(decode(mid), params):
+                high = mid
+            else:
+                low = mid + 1
+        return completion[:low], logprobs[:low], decode(low)
 
     # ---------------------------------------------------------------- weights & memory
     @torch.no_grad()
