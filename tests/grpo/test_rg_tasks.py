@@ -55,29 +55,46 @@ def test_the_held_out_set_is_fixed_and_never_trained_on():
     # coin_flip has a few hundred distinct questions: without the filter training would repeat held-out ones
     raw = [e["question"] for e in rg.create_dataset("coin_flip", size=400, seed=1)]
     assert set(raw) & {e.prompt for e in held_a}
-    # round-robin: the two tasks alternate while both have examples left
-    assert rg_tasks.tasks_of(train_a)[:6] == ["coin_flip", "gcd"] * 3
+    # the held-out tasks alternate, so a periodic eval of the first questions sees both
+    assert rg_tasks.tasks_of(held_a)[:6] == ["coin_flip", "gcd"] * 3
+    # the same task's held-out questions wherever it stands in the spec
+    _, swapped = rg_tasks.load_splits("rg:gcd,coin_flip", eval_size=101, seed=1, train_size=400)
+    gcd = [e.prompt for e in held_a if rg_tasks.tasks_of([e]) == ["gcd"]]
+    assert [e.prompt for e in swapped if rg_tasks.tasks_of([e]) == ["gcd"]][:50] == gcd[:50]
     assert len({e.id for e in train_a + held_a}) == len(train_a) + len(held_a)
 
 
 @pytest.mark.parametrize("task", TASKS)
 def test_the_reward_is_the_tasks_own_score(task):
-    train, _ = rg_tasks.load_splits(f"rg:{task}", eval_size=0, seed=7, train_size=20)
-    entries = list(rg.create_dataset(task, size=20, seed=7))
+    train, _ = rg_tasks.load_splits(f"rg:{task}", eval_size=0, seed=7, train_size=40)
+    entries = {e["question"]: e for e in rg.create_dataset(task, size=40, seed=7)}
     scorer = rg.get_score_answer_fn(task)
-    for example, entry in zip(train, entries, strict=True):
-        assert example.prompt == entry["question"]
+    assert train
+    for example in train:
+        entry = entries[example.prompt]
         right = f"Let me think.\n#### {entry['answer']}\nmore text after the answer"
         assert rewards.rg_reward(right, example.ground_truth) == 1.0
         assert rewards.rg_reward(f"<answer>{entry['answer']}</answer>", example.ground_truth) == 1.0
         assert rewards.rg_reward("no final answer here", example.ground_truth) == 0.0
-        wrong = "#### definitely-not-the-answer 9e99"
-        # a second implementation: the task's scorer on its own full entry
-        assert rewards.rg_reward(wrong, example.ground_truth) == scorer(
-            "definitely-not-the-answer 9e99", entry
-        )
-        assert rewards.rg_reward(wrong, example.ground_truth) < 1.0
+        for wrong in ("#### definitely-not-the-answer", "#### 987654321"):
+            got = rewards.rg_reward(wrong, example.ground_truth)
+            # a second implementation: the task's scorer on its own full entry, of the same answer
+            assert got == scorer(rg_tasks.extract_answer(wrong, str(entry["answer"])), entry) and got < 1.0
     assert json.loads(train[0].ground_truth)["rg"] == task
+
+
+def test_numbers_are_read_as_a_verifier_that_compares_strings_needs_them():
+    (example,) = [e for e in rg_tasks.load_splits("rg:lcm", eval_size=0, seed=3, train_size=5)[0]][:1]
+    n = int(json.loads(example.ground_truth)["answer"])
+    for written in (f"{n:,}", f"{n}.", f"{n}.0", f"**{n}**", f"{n} apples"):
+        assert rewards.rg_reward(f"#### {written}\n", example.ground_truth) == 1.0, written
+    assert rewards.rg_reward(f"so it is {n:,}.", example.ground_truth) == 1.0
+    assert rg_tasks.extract_answer("#### 0.250", "0.25") == "0.250"  # only whole numbers lose their decimals
+
+
+def test_tasks_the_reward_cannot_score_are_refused():
+    with pytest.raises(DatasetError, match="answers over several lines"):
+        rg_tasks.load_splits("rg:rotate_matrix", eval_size=2, seed=0, train_size=4)
 
 
 def test_the_answer_is_the_marked_one_else_the_last_number_for_numeric_references():

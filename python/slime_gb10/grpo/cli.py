@@ -401,7 +401,7 @@ def compare_command(first, second):
         f"only second {got['only_second_right']}, neither {got['both_wrong']}"
     )
     click.echo(f"McNemar exact p = {got['mcnemar_p']:.3g}")
-    if got["constant_answer"] is not None:
+    if got["constant_answer"] is not None and got["constant_answer_rate"] is not None:
         click.echo(
             f"always answering {got['constant_answer']!r} would score {got['constant_answer_rate']:.4f}; "
             f"distinct right answers {got['distinct_right_first']} -> {got['distinct_right_second']}"

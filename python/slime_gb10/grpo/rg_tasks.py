@@ -1,12 +1,18 @@
 """Tasks from ``reasoning-gym`` (procedural reasoning tasks with their own verifiers, used by RL
 papers): ``--data rg:<task>[,<task>…]``.
 
-- Held out: for each task, ``data.eval_size / len(tasks)`` items generated with a FIXED seed
-  (:data:`HELD_OUT_SEED` plus the task's position), the same whatever the run's seed, so every run
-  and every ``slime-gb10 eval`` of the same spec scores the same questions.
+- Held out: for each task, the first ``data.eval_size / len(tasks)`` items reasoning-gym generates
+  with a FIXED seed (:data:`HELD_OUT_SEED`, whatever the run's seed and the task's place in the
+  spec), so every run and every ``slime-gb10 eval`` of a task scores the same questions; several
+  tasks are interleaved.
 - Training: ``data.limit`` items per task (default :data:`DEFAULT_TRAIN_SIZE`) generated with the
-  run's seed, without any question of the held-out set (a task with a small question space, such
-  as ``coin_flip``, repeats questions across seeds); several tasks are interleaved round-robin.
+  run's seed, without any question of the first :data:`HELD_OUT_POOL` held-out-seed items (a task
+  with a small question space, such as ``coin_flip``, repeats questions across seeds; the pool also
+  keeps a larger later eval clean; where the pool would leave under a tenth of the items, only the
+  held-out questions themselves are kept out, with a warning); the sampler shuffles the tasks'
+  items together.
+- Tasks whose reference answers span several lines, or whose verifier does not accept its own
+  reference once the example has passed through JSON (tuples in the metadata), are refused.
 - Reward ``rg``: the answer is what follows the first ``####`` (to the end of that line), else the
   last ``<answer>…</answer>``, else (numeric references only) the last number of the completion;
   it is scored by the task's own ``score_answer`` (answers of any type:
@@ -20,6 +26,7 @@ dependencies of its own (puzzle generators), which nothing else here needs.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Sequence
 from functools import cache
@@ -27,9 +34,13 @@ from typing import Any
 
 from slime_gb10.grpo.data import DatasetError, PromptExample
 
+log = logging.getLogger("slime_gb10.grpo")
+
 PREFIX = "rg:"
 # The held-out set's seed: fixed, so the held-out questions never depend on the run's seed.
 HELD_OUT_SEED = 1_000_003
+# held-out-seed items per task that training never sees (the held-out set is their first ones)
+HELD_OUT_POOL = 2_000
 DEFAULT_TRAIN_SIZE = 10_000
 
 
@@ -76,6 +87,23 @@ def _generate(task: str, size: int, seed: int) -> list[dict[str, Any]]:
     return list(_reasoning_gym().create_dataset(task, size=size, seed=seed))
 
 
+def _check_task(task: str, entries: list[dict[str, Any]]) -> None:
+    """Refuse a task the ``####`` reward cannot score: multi-line references, or a verifier that
+    does not accept its own reference once the example went through JSON (its ground truth)."""
+    if any("\n" in str(e["answer"]) for e in entries):
+        raise DatasetError(
+            f"reasoning-gym task {task!r} has answers over several lines, and the reward reads the one "
+            "line after ####: not supported"
+        )
+    for entry in entries[:8]:
+        example = _example(task, entry, "check", 0)
+        if rg_reward(f"#### {entry['answer']}", example.ground_truth) < 1.0:
+            raise DatasetError(
+                f"reasoning-gym task {task!r}: its verifier does not accept its own reference answer once "
+                "the example is stored as JSON (its metadata holds non-JSON values): not supported"
+            )
+
+
 def load_splits(
     spec: str, *, eval_size: int, seed: int, train_size: int | None = None
 ) -> tuple[list[PromptExample], list[PromptExample]]:
@@ -83,52 +111,79 @@ def load_splits(
     tasks = parse_spec(spec)
     per_task_eval, extra = divmod(eval_size, len(tasks))
     train_size = DEFAULT_TRAIN_SIZE if train_size is None else train_size
-    held_out: list[PromptExample] = []
-    per_task_train: list[list[PromptExample]] = []
+    held_out_per_task: list[list[PromptExample]] = []
+    train: list[PromptExample] = []
     for position, task in enumerate(tasks):
         n_eval = per_task_eval + (1 if position < extra else 0)
-        eval_entries = _generate(task, n_eval, HELD_OUT_SEED + position) if n_eval else []
-        held_out += [_example(task, e, "test", i) for i, e in enumerate(eval_entries)]
-        seen = {e["question"] for e in eval_entries}
-        train = [_example(task, e, "train", i) for i, e in enumerate(_generate(task, train_size, seed))]
-        kept = [ex for ex in train if ex.prompt not in seen]
+        pool = _generate(task, max(n_eval, HELD_OUT_POOL), HELD_OUT_SEED)
+        _check_task(task, pool[:64])
+        held_out_per_task.append([_example(task, e, "test", i) for i, e in enumerate(pool[:n_eval])])
+        generated = _generate(task, train_size, seed)
+        seen = {e["question"] for e in pool}
+        if sum(e["question"] not in seen for e in generated) < len(generated) // 10:
+            # a small question space (coin_flip has a few hundred): the pool would leave nothing
+            log.warning(
+                "reasoning-gym task %r has few distinct questions: only its %d held-out questions are kept "
+                "out of training (an eval of more of them than data.eval_size would score trained ones)",
+                task,
+                n_eval,
+            )
+            seen = {e["question"] for e in pool[:n_eval]}
+        kept = [_example(task, e, "train", i) for i, e in enumerate(generated) if e["question"] not in seen]
         if not kept:
             raise DatasetError(
                 f"reasoning-gym task {task!r}: every training question is also a held-out one; "
                 "lower data.eval_size"
             )
-        per_task_train.append(kept)
-    # round-robin: each task's share of every batch stays even
-    mixed = [
+        train += kept
+    # the held-out tasks interleaved, so that a periodic eval of its first questions sees every task
+    held_out = [
         task_examples[i]
-        for i in range(max(map(len, per_task_train)))
-        for task_examples in per_task_train
+        for i in range(max(map(len, held_out_per_task)))
+        for task_examples in held_out_per_task
         if i < len(task_examples)
     ]
-    return mixed, held_out
+    return train, held_out
 
 
 # --- the reward ----------------------------------------------------------------------------------
 
 _HASHES = re.compile(r"####[ \t]*([^\n]*)")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+_NUMERIC_REFERENCE = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def _plain_number(text: str) -> str:
+    """``"1,000."`` -> ``"1000"``, ``"3.0"`` -> ``"3"``, ``"0.25"`` -> ``"0.25"`` (a reasoning-gym
+    default verifier compares strings: a right number written otherwise would score as wrong)."""
+    digits = text.replace(",", "").rstrip(".")
+    if "." in digits:
+        whole, _, fraction = digits.partition(".")
+        if not fraction.strip("0"):
+            return whole
+    return digits
 
 
 def extract_answer(completion: str, reference: str | None = None) -> str | None:
-    """The final answer: the rest of the line after the first ``####``, else the last ``<answer>``;
-    else, where the ``reference`` answer is a number, the last number of the completion (what the
-    gsm8k reward does: a small model often states "... is 3." without the marker)."""
+    """The final answer: the rest of the line after the first ``####``, else the last ``<answer>``.
+    Where the ``reference`` answer is a number: the first number of that answer, else the last number
+    of the completion (what the gsm8k reward does: a small model often states "... is 3." without
+    the marker), written plainly (no thousands commas, no ``.0``)."""
+    numeric = reference is not None and _NUMERIC_REFERENCE.fullmatch(reference.strip()) is not None
     match = _HASHES.search(completion)
     if match is not None and match.group(1).strip():
-        return match.group(1).strip()
-    tags = _ANSWER_TAG.findall(completion)
-    if tags:
-        return tags[-1].strip()
-    if reference is not None and _NUMBER.fullmatch(reference.strip()):
-        numbers = _NUMBER.findall(completion)
-        return numbers[-1] if numbers else None
-    return None
+        answer = match.group(1).strip()
+    else:
+        tags = _ANSWER_TAG.findall(completion)
+        answer = tags[-1].strip() if tags else None
+    if not numeric:
+        return answer
+    # a numeric reference: the first number of the marked answer, else the completion's last number
+    numbers = _NUMBER.findall(answer) if answer is not None else _NUMBER.findall(completion)
+    if not numbers:
+        return answer
+    return _plain_number(numbers[0] if answer is not None else numbers[-1])
 
 
 @cache

@@ -60,11 +60,15 @@ def reference_answer(ground_truth: str) -> str:
     return text
 
 
-def constant_answer_baseline(questions: list[dict]) -> tuple[str, float]:
+def constant_answer_baseline(questions: list[dict]) -> tuple[str | None, float | None]:
     """``(the most common reference answer, the share of questions it answers)``: what a model that
     always gives that one answer would score under exact match. A trained model whose pass@1 is no
     higher, and whose right answers are all that one, has learned a constant, not the task."""
     counts = Counter(reference_answer(q["ground_truth"]) for q in questions)
+    for empty in ("", "None"):  # no reference (tasks scored otherwise): not an answer anyone gives
+        counts.pop(empty, None)
+    if not counts:
+        return None, None
     answer, n = counts.most_common(1)[0]
     return answer, n / len(questions)
 
@@ -86,7 +90,11 @@ def compare_evaluations(first: dict, second: dict) -> dict:
     n = len(shared)
     by_id = {q["id"]: q for q in second["questions"]}
     truths = {i: reference_answer(by_id[i]["ground_truth"]) for i in shared if "ground_truth" in by_id[i]}
-    constant, constant_rate = constant_answer_baseline([by_id[i] for i in truths]) if truths else (None, None)
+    # over every shared question, as pass@1 is (one without a ground truth counts as not answered)
+    constant, constant_rate = (None, None)
+    if truths:
+        constant, rate = constant_answer_baseline([by_id[i] for i in truths])
+        constant_rate = None if rate is None else rate * len(truths) / n
     return {
         "questions": n,
         # always answering the most common reference: the score a constant-answer shortcut reaches
