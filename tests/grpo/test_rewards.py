@@ -233,7 +233,7 @@ def test_combine_and_get_reward():
     assert fn("#### 4", "5") == pytest.approx(0.1)
     assert get_reward("gsm8k") is gsm8k_reward
     assert get_reward(" boxed_math , format:0.5 ")("\\boxed{2}", "2") == pytest.approx(1.5)
-    assert set(REWARDS) == {"gsm8k", "boxed_math", "format", "arithmetic"}
+    assert set(REWARDS) == {"gsm8k", "boxed_math", "format", "arithmetic", "rg"}
     assert combine_rewards([(gsm8k_reward, 2.0)])("#### 1", "1") == 2.0
     with pytest.raises(ValueError, match=r"unknown reward 'gsm9k'.*gsm8k, boxed_math, format, arithmetic"):
         get_reward("gsm9k")
