@@ -90,6 +90,32 @@ def _package_files(module: str, limit: int = 40) -> list[Path]:
     return sorted(set(files), key=lambda p: -p.stat().st_size)[:limit]
 
 
+def _missing_requirements(dists: tuple[str, ...]) -> list[str]:
+    """The requirements the first installed of ``dists`` declares for this platform (markers
+    evaluated, extras left out) that are not installed: what ``pip install --no-deps`` leaves out."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    for dist in dists:
+        try:
+            declared = importlib.metadata.requires(dist) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        missing = []
+        for line in declared:
+            try:
+                req = Requirement(line)
+            except InvalidRequirement:
+                continue
+            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                continue
+            try:
+                importlib.metadata.version(req.name)
+            except importlib.metadata.PackageNotFoundError:
+                missing.append(req.name)
+        return missing
+    return []
+
+
 def check_package(ctx: DoctorContext, spec: PackageSpec) -> CheckResult:
     """Import ``spec.module`` in a child; classify failures (blockers #2/#3); scan its .so files (#2/#4)."""
     name = spec.check
@@ -117,6 +143,20 @@ def check_package(ctx: DoctorContext, spec: PackageSpec) -> CheckResult:
             )
         if not child.timed_out and (m := re.search(r"No module named '([\w.]+)'", error)):
             missing = m.group(1).split(".")[0]
+            undeclared = _missing_requirements(spec.dists)
+            if undeclared:
+                # installed on purpose without its dependencies (`pip install --no-deps`, as
+                # scripts/quickstart.sh test does for the SGLang contract tests, which read its
+                # sources): not a broken stack, a package that cannot be used here, said so
+                shown = ", ".join(undeclared[:5]) + (", ..." if len(undeclared) > 5 else "")
+                return CheckResult.warn(
+                    name,
+                    f"{spec.module} {dist or ''} is installed without its dependencies ({len(undeclared)} of "
+                    f"its requirements are missing: {shown}), so it cannot be imported and is not used here",
+                    f"to use it: {spec.extra}",
+                    missing_requirements=undeclared,
+                    **details,
+                )
             return CheckResult.fail(
                 name,
                 f"import fails: a dependency is missing: {error}",
