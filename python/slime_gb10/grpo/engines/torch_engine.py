@@ -26,12 +26,11 @@ The engine holds its own copy of the weights (BF16 on a GPU), refreshed from the
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Sequence
 
 import torch
 
-from slime_gb10.grpo.engines import step_kernel
+from slime_gb10.grpo.engines import step_kernel, stops
 from slime_gb10.grpo.engines.detokenize import decode_texts
 from slime_gb10.grpo.engines.sampling import row_uniforms, sample_next_token
 from slime_gb10.grpo.engines.static_decoder import StaticDecoder, fuse_projections, supports_static_decoding
@@ -125,11 +124,6 @@ class _GraphedStep:
         graph, logits = self.graphs[length]
         graph.replay()
         return logits
-
-
-def _stops_in(text: str, params: SamplingParams) -> bool:
-    """Whether ``text`` holds one of ``params``' stop strings or a match of a stop regex."""
-    return any(s in text for s in params.stop) or any(re.search(p, text) for p in params.stop_regex)
 
 
 class TorchRolloutEngine(RolloutEngine):
@@ -288,9 +282,9 @@ class TorchRolloutEngine(RolloutEngine):
             tokens.append(token)
             logprobs.append(logprob)
             # stops are looked for every 4 steps (a host sync each time): a row that stopped runs
-            # at most 3 tokens on, which _finish cuts off again (_cut_at_stop)
+            # at most 3 tokens on, which _finish cuts off again (stops.cut_at_stop)
             if (params.stop or params.stop_regex) and (step % 4 == 3 or step == params.max_new_tokens - 1):
-                finished |= self._stop_strings_hit(tokens, finished, params, stop_hit)
+                finished |= stops.rows_stopped(self.tokenizer, tokens, finished, params, stop_hit)
             if step == params.max_new_tokens - 1:
                 break
             if step % 4 == 3 and all_finished.check(finished):
@@ -317,7 +311,9 @@ class TorchRolloutEngine(RolloutEngine):
         for row, ((completion, row_logprobs, reason), text) in enumerate(zip(rows, texts)):
             if stop_hit[row]:
                 reason = "stop"
-                completion, row_logprobs, text = self._cut_at_stop(completion, row_logprobs, params)
+                completion, row_logprobs, text = stops.cut_at_stop(
+                    self.tokenizer, completion, row_logprobs, params
+                )
             generations.append(
                 Generation(
                     prompt_ids=list(prompts[row]),
@@ -452,43 +448,6 @@ class TorchRolloutEngine(RolloutEngine):
     def stats(self) -> dict[str, float]:
         """``cuda_graph``: 1 while decode steps replay CUDA graphs, 0 after a fallback (or off a GPU)."""
         return {"cuda_graph": float(self.decode == "cuda_graph")}
-
-    def _stop_strings_hit(self, tokens, finished, params, stop_hit) -> torch.Tensor:
-        """Rows whose text holds a stop string or a stop-regex match (checked on the host; only
-        when stops are given). The last 64 tokens' text is searched; a row found there is confirmed
-        on its whole text (a window can start inside a match, and an anchored pattern would match
-        at the window's start). A match longer than 64 tokens is not found: bound such patterns."""
-        window = torch.stack(tokens[-64:], dim=1).cpu().tolist()
-        done = finished.cpu().tolist()
-        rows = [row for row in range(len(window)) if not (done[row] or stop_hit[row])]
-        tails = self.tokenizer.batch_decode([window[row] for row in rows], skip_special_tokens=True)
-        candidates = [row for row, tail in zip(rows, tails) if _stops_in(tail, params)]
-        hit = [False] * len(window)
-        if candidates:
-            whole = torch.stack(tokens, dim=1)[candidates].cpu().tolist()
-            texts = self.tokenizer.batch_decode(whole, skip_special_tokens=True)
-            for row, text in zip(candidates, texts):
-                if _stops_in(text, params):
-                    hit[row] = stop_hit[row] = True
-        return torch.tensor(hit, dtype=torch.bool, device=finished.device)
-
-    def _cut_at_stop(self, completion, logprobs, params):
-        """Shortest prefix whose text holds a stop string or regex match (the stop is kept), found
-        by bisection (a prefix that holds a match keeps holding it as it grows)."""
-
-        def decode(n: int) -> str:
-            return self.tokenizer.decode(completion[:n], skip_special_tokens=True)
-
-        if not _stops_in(decode(len(completion)), params):
-            return completion, logprobs, decode(len(completion))
-        low, high = 1, len(completion)
-        while low < high:
-            mid = (low + high) // 2
-            if _stops_in(decode(mid), params):
-                high = mid
-            else:
-                low = mid + 1
-        return completion[:low], logprobs[:low], decode(low)
 
     # ---------------------------------------------------------------- weights & memory
     @torch.no_grad()
