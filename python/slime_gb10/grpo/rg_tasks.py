@@ -201,6 +201,19 @@ def rg_reward(completion: str, ground_truth: str) -> float:
     return float(_scorer(truth["rg"])(answer, entry))
 
 
+def reference_of(ground_truth: str) -> str | None:
+    """The reference answer an ``rg:`` example's ground truth (JSON, :func:`_example`) holds; None
+    for any other ground truth."""
+    text = str(ground_truth).strip()
+    if not text.startswith("{"):
+        return None
+    try:
+        truth = json.loads(text)
+        return str(truth["answer"]).strip() if "rg" in truth else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def tasks_of(examples: Sequence[PromptExample]) -> list[str]:
     """The reasoning-gym task of each example (from its ground truth)."""
     return [json.loads(e.ground_truth)["rg"] for e in examples]

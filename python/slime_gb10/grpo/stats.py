@@ -13,7 +13,6 @@ the package; the tests check both against hand-computed values and against scipy
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 
@@ -50,14 +49,11 @@ def mcnemar_exact(only_first: int, only_second: int) -> float:
 
 def reference_answer(ground_truth: str) -> str:
     """The reference answer a question's ground truth names: the ground truth itself, or for
-    reasoning-gym examples (JSON, ``grpo/rg_tasks.py``) its ``answer`` field."""
-    text = str(ground_truth).strip()
-    if text.startswith("{"):
-        try:
-            return str(json.loads(text)["answer"]).strip()
-        except (ValueError, KeyError, TypeError):
-            pass
-    return text
+    reasoning-gym examples the answer their JSON holds (``rg_tasks.reference_of``)."""
+    from slime_gb10.grpo.rg_tasks import reference_of
+
+    reference = reference_of(ground_truth)
+    return reference if reference is not None else str(ground_truth).strip()
 
 
 def constant_answer_baseline(questions: list[dict]) -> tuple[str | None, float | None]:
