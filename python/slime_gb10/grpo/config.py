@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -93,9 +94,8 @@ class DataConfig(_Section):
         return self
 
 
-def _compiled(patterns: list[str], key: str) -> list[str]:
-    import re
-
+def _check_stop_regexes(patterns: list[str], key: str) -> None:
+    """Each pattern compiles, and none matches the empty text (a stop at every first token)."""
     for pattern in patterns:
         try:
             compiled = re.compile(pattern)
@@ -106,7 +106,6 @@ def _compiled(patterns: list[str], key: str) -> list[str]:
                 f"{key}: {pattern!r} matches the empty text, so every completion would stop at its first "
                 "token; make the pattern need at least one character"
             )
-    return patterns
 
 
 class RolloutConfig(_Section):
@@ -123,7 +122,8 @@ class RolloutConfig(_Section):
     stop_regex: list[str] = Field(
         default_factory=list,
         description="Regular expressions (Python re syntax): a completion ends where the first match "
-        "ends, kept in the text; e.g. the end of a GSM8K answer line '####\\s*-?[\\d,.]*\\d[^\\n]*\\n'.",
+        "ends, kept in the text (the torch engine looks in the last 64 tokens: bound long patterns); "
+        "e.g. a GSM8K answer line '####\\s*-?[\\d,.]*\\d[^\\n]{0,80}\\n'.",
     )
     # Sequences generated together (None: the whole step's batch at once).
     generation_batch_size: int | None = Field(default=None, ge=1)
@@ -139,7 +139,7 @@ class RolloutConfig(_Section):
 
     @model_validator(mode="after")
     def _regexes_compile(self) -> RolloutConfig:
-        _compiled(self.stop_regex, "rollout.stop_regex")
+        _check_stop_regexes(self.stop_regex, "rollout.stop_regex")
         return self
 
 

@@ -197,6 +197,18 @@ def step_row(
     }
 
 
+def progress_fields(row: dict) -> dict[str, str]:
+    """The progress line's fields of a step's row: reward, response length, the share truncated at
+    the cap, the share of groups with a signal, seconds."""
+    return {
+        "reward": f"{row['reward_mean']:.3f}",
+        "len": f"{row['response_len_mean']:.0f}",
+        "trunc": f"{row['truncated_frac']:.2f}",
+        "signal": f"{row['signal_groups']:.2f}",
+        "s": f"{row['step_time_s']:.1f}",
+    }
+
+
 class NullLogger:
     """What ranks other than 0 log to: nothing (rank 0 writes the run's files)."""
 

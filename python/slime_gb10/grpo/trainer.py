@@ -36,7 +36,7 @@ from slime_gb10.grpo.batching import Sample, collate, split_microbatches
 from slime_gb10.grpo.config import GRPOConfig
 from slime_gb10.grpo.distributed import DistContext
 from slime_gb10.grpo.interfaces import Generation, SamplingParams
-from slime_gb10.grpo.metrics import NullLogger, eval_summary, step_row
+from slime_gb10.grpo.metrics import NullLogger, eval_summary, progress_fields, step_row
 from slime_gb10.grpo.prompts import PromptEncoder, load_splits
 
 log = logging.getLogger(__name__)
@@ -353,13 +353,7 @@ class GRPOTrainer:
                 history.append(row)
                 if progress is not None:
                     progress.update(1)
-                    progress.set_postfix(
-                        reward=f"{row['reward_mean']:.3f}",
-                        len=f"{row['response_len_mean']:.0f}",
-                        trunc=f"{row['truncated_frac']:.2f}",
-                        signal=f"{row['signal_groups']:.2f}",
-                        s=f"{row['step_time_s']:.1f}",
-                    )
+                    progress.set_postfix(progress_fields(row))
                 every = cfg.output.checkpoint_every
                 if every and (self.step % every == 0 or self.step == cfg.train.steps):
                     self.save("final" if self.step == cfg.train.steps else "periodic")
