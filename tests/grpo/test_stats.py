@@ -94,3 +94,37 @@ def test_the_constant_answer_baseline_and_the_spread_of_right_answers():
     assert (got["distinct_right_first"], got["distinct_right_second"]) == (2, 1)
     assert stats_module.reference_answer(rg_truth) == "1" and stats_module.reference_answer(" 72 ") == "72"
     assert stats_module.constant_answer_baseline(second["questions"]) == ("1", 0.5)
+
+
+def test_a_multi_task_held_out_set_is_compared_task_by_task():
+    """A run on rg:gcd,chain_sum is judged on every task in it: compare pairs each task's questions
+    apart (counts worked by hand below), besides the pooled numbers."""
+
+    def q(i, task, answer, correct):
+        truth = json.dumps({"rg": task, "answer": answer, "metadata": {}})
+        return {"id": f"{task}-{i}", "correct": correct, "ground_truth": truth}
+
+    # gcd: 4 questions, first right on 0, second on 0, 1, 2; chain_sum: 3, first 0, 1, second 1
+    tasks = [("gcd", "2"), ("gcd", "2"), ("gcd", "4"), ("gcd", "6")] + [("chain_sum", a) for a in "579"]
+    right = {"first": [1, 0, 0, 0, 1, 1, 0], "second": [1, 1, 1, 0, 0, 1, 0]}
+
+    def questions(which):
+        return [q(i % 4, t, a, c) for i, ((t, a), c) in enumerate(zip(tasks, right[which]))]
+
+    first, second = {"questions": questions("first")}, {"questions": questions("second")}
+    got = compare_evaluations(first, second)
+    assert got["questions"] == 7 and (got["only_first_right"], got["only_second_right"]) == (1, 2)
+    gcd, chain = got["tasks"]["gcd"], got["tasks"]["chain_sum"]
+    assert (gcd["questions"], gcd["only_first_right"], gcd["only_second_right"], gcd["both_right"]) == (
+        4,
+        0,
+        2,
+        1,
+    )
+    assert gcd["pass@1_first"] == pytest.approx(1 / 4) and gcd["pass@1_second"] == pytest.approx(3 / 4)
+    assert gcd["mcnemar_p"] == pytest.approx(2 * 1 / 4)  # 0 vs 2 discordant: 2 * P(X <= 0 | n=2)
+    assert (gcd["constant_answer"], gcd["constant_answer_rate"]) == ("2", 0.5)
+    assert (chain["questions"], chain["only_first_right"], chain["only_second_right"]) == (3, 1, 0)
+    assert chain["difference"] == pytest.approx(-1 / 3) and chain["mcnemar_p"] == pytest.approx(1.0)
+    # one task (or none): no per-task part
+    assert "tasks" not in compare_evaluations({"questions": first["questions"][:4]}, second)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from slime_gb10.grpo.config import ConfigError, GRPOConfig, build_config, load_config_file
+from slime_gb10.grpo.config import ConfigError, GRPOConfig, build_config, load_config_file, recipes
 
 log = logging.getLogger("slime_gb10.grpo")
 
@@ -130,7 +130,7 @@ def _common_options(func):
             "--config",
             "config_file",
             type=click.Path(dir_okay=False),
-            help="YAML/JSON config file, or a recipe name (gsm8k-smollm2-135m, gsm8k-qwen2.5-0.5b-gb10).",
+            help=f"YAML/JSON config file, or a recipe name ({', '.join(recipes())}).",
         ),
         click.option(
             "--set",
@@ -408,6 +408,23 @@ def compare_command(first, second):
         )
         if got["pass@1_second"] <= got["constant_answer_rate"] and got["distinct_right_second"] <= 1:
             click.echo("warning: the second model scores no more than that one constant answer does")
+    if "tasks" in got:
+        click.echo(
+            "| task | questions | pass@1 first | pass@1 second | change (pp) | McNemar p "
+            "| only first / only second right | always the most common answer |"
+        )
+        click.echo("|---|---|---|---|---|---|---|---|")
+        for task, g in got["tasks"].items():
+            constant = (
+                f"{g['constant_answer']!r}: {g['constant_answer_rate']:.3f}"
+                if g["constant_answer_rate"] is not None
+                else "-"
+            )
+            click.echo(
+                f"| {task} | {g['questions']} | {g['pass@1_first']:.3f} | {g['pass@1_second']:.3f} "
+                f"| {100 * g['difference']:+.1f} | {g['mcnemar_p']:.2g} "
+                f"| {g['only_first_right']} / {g['only_second_right']} | {constant} |"
+            )
 
 
 @click.command("plot")

@@ -7,7 +7,7 @@ papers): ``--data rg:<task>[,<task>…]``.
   tasks are interleaved.
 - Training: ``data.limit`` items per task (default :data:`DEFAULT_TRAIN_SIZE`) generated with the
   run's seed, without any question of the first :data:`HELD_OUT_POOL` held-out-seed items (a task
-  with a small question space, such as ``coin_flip``, repeats questions across seeds; the pool also
+  with a small question space, such as ``string_splitting``, repeats questions across seeds; the pool also
   keeps a larger later eval clean; where the pool would leave under a tenth of the items, only the
   held-out questions themselves are kept out, with a warning); the sampler shuffles the tasks'
   items together.
@@ -102,6 +102,51 @@ def _check_task(task: str, entries: list[dict[str, Any]]) -> None:
                 f"reasoning-gym task {task!r}: its verifier does not accept its own reference answer once "
                 "the example is stored as JSON (its metadata holds non-JSON values): not supported"
             )
+    defect = constant_answer_defect(task, entries)
+    if defect is not None:
+        answer, passed, right = defect
+        raise DatasetError(
+            f"reasoning-gym task {task!r}: its verifier gives full reward to the one answer {answer!r} on "
+            f"{passed:.0%} of its first {len(entries)} questions (the right answer to {right:.0%}): a policy "
+            "learns that answer instead of the task; not supported"
+        )
+
+
+# Answers a policy can give to every question; with the most common reference answers, what
+# constant_answer_defect tries.
+TRIVIAL_ANSWERS = ("0", "1", "-1", "2", "0.5", "yes", "no", "True", "False", "A", "none")
+# A verifier may pass a constant answer this much more often than it is the right answer (a share)
+DEFECT_MARGIN = 0.1
+
+
+def constant_answer_defect(task: str, entries: list[dict[str, Any]]) -> tuple[str, float, float] | None:
+    """``(answer, share of questions it gets full reward on, share it is the right answer to)`` of the
+    worst constant answer where the task's verifier rewards it more than :data:`DEFECT_MARGIN` more
+    often than it is right, else None.
+
+    Found on the H100s (session 24): reasoning-gym 0.1.25's ``coin_flip`` gives full reward to ``0``
+    for every probability below 1 (its partial credit divides the matching prefix by the SHORTER
+    string: ``"0"`` against ``"0.11328125"`` is 1/1), and GRPO drove held-out pass@1 from 0.11 to 0.89
+    by answering 0; ``game_of_life_halting`` rewards ``0`` everywhere. A run on such a task measures
+    the verifier, not the model, so the task is refused.
+    """
+    examples = [_example(task, e, "check", i) for i, e in enumerate(entries)]
+    references = [str(e["answer"]).strip() for e in entries]
+    common = [
+        a for a, _ in sorted(((a, -references.count(a)) for a in set(references)), key=lambda x: x[1])[:3]
+    ]
+
+    def extracted(answer: str, reference: str) -> str:
+        got = extract_answer(f"#### {answer}", reference)
+        return "" if got is None else got.strip().lower()
+
+    worst = None
+    for answer in dict.fromkeys([*TRIVIAL_ANSWERS, *common]):
+        passed = sum(rg_reward(f"#### {answer}", e.ground_truth) >= 1.0 for e in examples) / len(examples)
+        right = sum(extracted(answer, r) == extracted(r, r) for r in references) / len(references)
+        if passed - right > DEFECT_MARGIN and (worst is None or passed - right > worst[1] - worst[2]):
+            worst = (answer, passed, right)
+    return worst
 
 
 def load_splits(
@@ -121,7 +166,7 @@ def load_splits(
         generated = _generate(task, train_size, seed)
         seen = {e["question"] for e in pool}
         if sum(e["question"] not in seen for e in generated) < len(generated) // 10:
-            # a small question space (coin_flip has a few hundred): the pool would leave nothing
+            # a small question space (string_splitting has a few hundred): the pool would leave nothing
             log.warning(
                 "reasoning-gym task %r has few distinct questions: only its %d held-out questions are kept "
                 "out of training (an eval of more of them than data.eval_size would score trained ones)",
@@ -201,17 +246,26 @@ def rg_reward(completion: str, ground_truth: str) -> float:
     return float(_scorer(truth["rg"])(answer, entry))
 
 
-def reference_of(ground_truth: str) -> str | None:
-    """The reference answer an ``rg:`` example's ground truth (JSON, :func:`_example`) holds; None
-    for any other ground truth."""
+def _truth_field(ground_truth: str, field: str) -> str | None:
     text = str(ground_truth).strip()
     if not text.startswith("{"):
         return None
     try:
         truth = json.loads(text)
-        return str(truth["answer"]).strip() if "rg" in truth else None
+        return str(truth[field]).strip() if "rg" in truth else None
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def reference_of(ground_truth: str) -> str | None:
+    """The reference answer an ``rg:`` example's ground truth (JSON, :func:`_example`) holds; None
+    for any other ground truth."""
+    return _truth_field(ground_truth, "answer")
+
+
+def task_of(ground_truth: str) -> str | None:
+    """The reasoning-gym task an ``rg:`` example's ground truth names; None for any other."""
+    return _truth_field(ground_truth, "rg")
 
 
 def tasks_of(examples: Sequence[PromptExample]) -> list[str]:

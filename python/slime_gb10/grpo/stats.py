@@ -69,22 +69,12 @@ def constant_answer_baseline(questions: list[dict]) -> tuple[str | None, float |
     return answer, n / len(questions)
 
 
-def compare_evaluations(first: dict, second: dict) -> dict:
-    """Paired comparison of two ``slime-gb10 eval --output`` files on the questions both answered.
-
-    Questions are matched by id; returns the counts, both pass@1 on the shared questions, their
-    difference and McNemar's exact p-value.
-    """
-    a = {q["id"]: bool(q["correct"]) for q in first["questions"]}
-    b = {q["id"]: bool(q["correct"]) for q in second["questions"]}
-    shared = [i for i in a if i in b]
-    if not shared:
-        raise ValueError("the two evaluations share no question ids: they are not of the same questions")
+def _paired(a: dict[str, bool], b: dict[str, bool], shared: list[str], by_id: dict[str, dict]) -> dict:
+    """McNemar counts, pass@1 and the constant-answer baseline of ``shared`` question ids."""
     both = sum(a[i] and b[i] for i in shared)
     only_first = sum(a[i] and not b[i] for i in shared)
     only_second = sum(b[i] and not a[i] for i in shared)
     n = len(shared)
-    by_id = {q["id"]: q for q in second["questions"]}
     truths = {i: reference_answer(by_id[i]["ground_truth"]) for i in shared if "ground_truth" in by_id[i]}
     # over every shared question, as pass@1 is (one without a ground truth counts as not answered)
     constant, constant_rate = (None, None)
@@ -108,3 +98,29 @@ def compare_evaluations(first: dict, second: dict) -> dict:
         "difference": (only_second - only_first) / n,
         "mcnemar_p": mcnemar_exact(only_first, only_second),
     }
+
+
+def compare_evaluations(first: dict, second: dict) -> dict:
+    """Paired comparison of two ``slime-gb10 eval --output`` files on the questions both answered.
+
+    Questions are matched by id; returns the counts, both pass@1 on the shared questions, their
+    difference and McNemar's exact p-value. Questions of several reasoning-gym tasks (a multi-task
+    held-out set) are also compared task by task, under ``"tasks"``.
+    """
+    from slime_gb10.grpo.rg_tasks import task_of
+
+    a = {q["id"]: bool(q["correct"]) for q in first["questions"]}
+    b = {q["id"]: bool(q["correct"]) for q in second["questions"]}
+    shared = [i for i in a if i in b]
+    if not shared:
+        raise ValueError("the two evaluations share no question ids: they are not of the same questions")
+    by_id = {q["id"]: q for q in second["questions"]}
+    result = _paired(a, b, shared, by_id)
+    groups: dict[str, list[str]] = {}
+    for i in shared:
+        task = task_of(by_id[i].get("ground_truth", ""))
+        if task is not None:
+            groups.setdefault(task, []).append(i)
+    if len(groups) > 1:
+        result["tasks"] = {task: _paired(a, b, ids, by_id) for task, ids in sorted(groups.items())}
+    return result
