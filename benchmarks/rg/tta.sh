@@ -33,7 +33,8 @@ COMMON+=("${EXTRA[@]}")
 DEVICE=${DEVICE:-cuda}
 # `slime-gb10 eval` of a model on the task's held-out questions (the evaluator of both trainers' points)
 EVAL() {
-  cli eval --config rg-smollm2-135m --data "rg:$TASK" --set "data.eval_size=${EVAL_SIZE:-500}" --num-prompts all \
+  cli eval --config rg-smollm2-135m --data "rg:$TASK" --set "rollout.stop_regex=[]" --set "data.eval_size=${EVAL_SIZE:-500}" \
+    --num-prompts all \
     --max-new-tokens "${EVAL_TOKENS:-256}" --device "$DEVICE" --model "$1" --output "$2"
 }
 

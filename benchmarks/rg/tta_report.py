@@ -69,6 +69,7 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--plot", type=Path, default=None, help="PNG path (default OUT/tta.png)")
     parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument("--title", default="", help="the plot's title (the task, the device)")
     args = parser.parse_args()
     curves = {
         arm: our_curve(args.out / f"{arm}.metrics.jsonl")
@@ -138,10 +139,12 @@ def main() -> None:
         pairs = [(x, r) for x, r in zip(c["clock"], c["rewards"]) if r is not None]
         right.plot([x for x, _ in pairs], [r for _, r in pairs], linewidth=1, label=name)
     left.axhline(threshold, color="grey", linestyle="--", linewidth=1, label=f"threshold {threshold:.3f}")
-    left.set(
-        xlabel="training wall-clock (s)", ylabel="held-out pass@1 (greedy, 500 questions)", xscale="symlog"
-    )
-    right.set(xlabel="training wall-clock (s)", ylabel="mean reward of the step's rollouts", xscale="symlog")
+    left.set(xlabel="training wall-clock (s)", ylabel="held-out pass@1 (greedy, 500 questions)")
+    right.set(xlabel="training wall-clock (s)", ylabel="mean reward of the step's rollouts")
+    left.set_xlim(left=0)
+    right.set_xlim(left=0)
+    if args.title:
+        fig.suptitle(args.title, fontsize=10)
     left.legend(fontsize=8)
     right.legend(fontsize=8)
     fig.tight_layout()
