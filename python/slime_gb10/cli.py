@@ -17,6 +17,7 @@ from slime_gb10 import __version__
 SUBCOMMANDS: dict[str, str] = {
     "doctor": "slime_gb10.platform.doctor:doctor_command",
     "train": "slime_gb10.grpo.cli:train_command",
+    "sft": "slime_gb10.grpo.cli:sft_command",
     "eval": "slime_gb10.grpo.cli:eval_command",
     "compare": "slime_gb10.grpo.cli:compare_command",
     "plot": "slime_gb10.grpo.cli:plot_command",
@@ -27,6 +28,7 @@ SUBCOMMANDS: dict[str, str] = {
 HELP = {
     "doctor": "Check this machine's GPU stack and say how to fix what is broken.",
     "train": "GRPO post-training (no arguments: the embedded SmolLM2-135M default run).",
+    "sft": "Supervised fine-tuning on reference solutions (GSM8K): a warm start for train.",
     "eval": "pass@1 (greedy, with its 95% interval), format compliance and pass@k on a held-out split.",
     "compare": "Two eval results on the same questions, paired (McNemar's exact test).",
     "plot": "Draw the curves of a training run's metrics.jsonl as PNG.",

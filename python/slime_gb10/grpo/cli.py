@@ -367,6 +367,38 @@ def run_eval(config: GRPOConfig):
         engine.shutdown()
 
 
+@click.command("sft")
+@_common_options
+@config_option("--output", key="output.dir")
+@config_option("--epochs", key="sft.epochs")
+@config_option("--lr", key="sft.lr")
+@config_option("--batch-size", key="sft.batch_size")
+@config_option("--eval-data", key="data.eval_path")
+@click.option("--overwrite", is_flag=True, help="Replace the run in --output (its outputs are deleted).")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def sft_command(config_file, sets, data_path, verbose, overwrite, no_progress):
+    """Supervised fine-tuning on the reference solutions (GSM8K's worked answers): a warm start for train."""
+    from slime_gb10.grpo.sft import SFTDataError, run_sft
+
+    try:
+        config = _config_from_cli(config_file, sets, data_path, None)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    _setup_logging(verbose)
+    _apply_runtime_fixes()
+    try:
+        got = run_sft(config, overwrite=overwrite, progress=not no_progress)
+    except (*_user_errors(), SFTDataError, FloatingPointError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(
+        f"done: {got['steps']} steps on {got['examples']} solutions; held-out solution loss "
+        f"{got['held_out_loss_before']:.4f} -> {got['held_out_loss_after']:.4f}"
+    )
+    click.echo(
+        f"model: {got['final_model']} (GRPO from it: slime-gb10 train --model {got['final_model']} ...)"
+    )
+
+
 @click.command("compare")
 @click.argument("first", type=click.Path(dir_okay=False))
 @click.argument("second", type=click.Path(dir_okay=False))
@@ -443,4 +475,11 @@ def plot_command(run_dir, out_file):
     click.echo(f"wrote {path}")
 
 
-__all__ = ["compare_command", "eval_command", "load_config_file", "plot_command", "train_command"]
+__all__ = [
+    "compare_command",
+    "eval_command",
+    "load_config_file",
+    "plot_command",
+    "sft_command",
+    "train_command",
+]

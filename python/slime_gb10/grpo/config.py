@@ -311,6 +311,25 @@ class MegatronConfig(_Section):
     recompute_granularity: Literal["none", "selective", "full"] = "none"
 
 
+class SFTConfig(_Section):
+    """``slime-gb10 sft``: supervised fine-tuning on the training set's reference solutions (a warm
+    start for GRPO, reported as its own row). Model, data, seed, device and output come from the
+    sections above."""
+
+    epochs: int = Field(default=1, ge=1, description="Passes over the training solutions.")
+    batch_size: int = Field(default=32, ge=1, description="Solutions per optimizer step.")
+    micro_batch_size: int = Field(default=16, ge=1, description="Solutions per forward/backward.")
+    lr: float = Field(
+        default=1e-5, gt=0.0, description="AdamW learning rate of SFT (constant after warm-up)."
+    )
+    warmup_steps: int = Field(default=0, ge=0, description="Linear learning-rate warm-up steps.")
+    max_tokens: int = Field(
+        default=512,
+        ge=8,
+        description="Most tokens of prompt + solution; longer examples are left out (logged).",
+    )
+
+
 class GRPOConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
@@ -322,6 +341,7 @@ class GRPOConfig(_Section):
     backends: BackendsConfig = Field(default_factory=BackendsConfig)
     sglang: SGLangConfig = Field(default_factory=SGLangConfig)
     megatron: MegatronConfig = Field(default_factory=MegatronConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

@@ -43,6 +43,8 @@ class PromptExample:
     # How hard the example looks from the training data alone (GSM8K: the length in characters of
     # the reference solution); None where the layout has no such measure. Orders data.order=easy_first.
     difficulty: float | None = None
+    # The reference solution where the data has one (GSM8K: the worked answer): what `slime-gb10 sft` trains on
+    solution: str | None = None
 
 
 # --- files -------------------------------------------------------------------------------------
@@ -261,7 +263,13 @@ def examples_from_records(
         example_id = str(record["id"]) if record.get("id") is not None else f"{stem}-{row}"
         difficulty = float(len(answer.rsplit("####", 1)[0].strip())) if layout == "gsm8k" else None
         examples.append(
-            PromptExample(prompt=prompt, ground_truth=truth, id=example_id, difficulty=difficulty)
+            PromptExample(
+                prompt=prompt,
+                ground_truth=truth,
+                id=example_id,
+                difficulty=difficulty,
+                solution=answer if layout == "gsm8k" else None,
+            )
         )
     return examples
 
