@@ -198,6 +198,17 @@ def test_eval_and_compare_on_the_real_gsm8k_test_file(tmp_path, tiny_dir, gsm8k_
     result = invoke("compare", str(outs[0]), str(bad))
     assert result.exit_code != 0 and "is not a `slime-gb10 eval --output` file" in result.output
     assert "Traceback" not in result.output
+    # another file named test.jsonl (the same ids test-0 ... test-4), other questions: refused
+    other = tmp_path / "other" / "test.jsonl"
+    other.parent.mkdir()
+    other.write_text("\n".join((gsm8k_dir / "train.jsonl").read_text().splitlines()[:5]) + "\n")
+    result = invoke(
+        "eval", "--model", str(tiny_dir), "--device", "cpu", "--data", str(gsm8k_dir / "train.jsonl"),
+        "--eval-data", str(other), "--num-prompts", "5", "--max-new-tokens", "4", "--output", str(tmp_path / "o.json"),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    result = invoke("compare", str(outs[0]), str(tmp_path / "o.json"))
+    assert result.exit_code != 0 and "evaluate different questions that share ids" in result.output
 
 
 def test_num_prompts_takes_a_number_or_all(tmp_path):

@@ -80,8 +80,8 @@ def test_the_constant_answer_baseline_and_the_spread_of_right_answers():
     """A held-out gain can be a constant answer (session 23: letter_counting's trained model answered
     "1" to everything and scored exactly the share of questions whose answer is 1). compare reports
     what always giving the most common reference scores, and how many different answers were right."""
-    truths = ["1", "1", "2", "3"]
     rg_truth = json.dumps({"rg": "gcd", "answer": "1", "metadata": {}})
+    truths = [rg_truth, "1", "2", "3"]
     first = {
         "questions": [
             {"id": i, "correct": c, "ground_truth": t} for i, c, t in zip("abcd", [1, 0, 1, 0], truths)
@@ -128,3 +128,19 @@ def test_a_multi_task_held_out_set_is_compared_task_by_task():
     assert chain["difference"] == pytest.approx(-1 / 3) and chain["mcnemar_p"] == pytest.approx(1.0)
     # one task (or none): no per-task part
     assert "tasks" not in compare_evaluations({"questions": first["questions"][:4]}, second)
+
+
+def test_two_different_question_sets_that_share_ids_are_refused():
+    """Issue #41: ids alone coincide across files (gsm8k-0 of two different data files); the ground
+    truth and the question's digest tell them apart, and compare refuses to pair them."""
+    first = {"questions": [{"id": "q-0", "correct": 1, "ground_truth": "72", "question_digest": "aa"}]}
+    same = {"questions": [{"id": "q-0", "correct": 0, "ground_truth": "72", "question_digest": "aa"}]}
+    assert compare_evaluations(first, same)["only_first_right"] == 1
+    other_truth = {"questions": [{"id": "q-0", "correct": 0, "ground_truth": "10", "question_digest": "aa"}]}
+    with pytest.raises(ValueError, match="different ground truths"):
+        compare_evaluations(first, other_truth)
+    other_text = {"questions": [{"id": "q-0", "correct": 0, "ground_truth": "72", "question_digest": "bb"}]}
+    with pytest.raises(ValueError, match="different question texts"):
+        compare_evaluations(first, other_text)
+    older = {"questions": [{"id": "q-0", "correct": 0, "ground_truth": "72"}]}  # a file without digests
+    assert compare_evaluations(first, older)["questions"] == 1

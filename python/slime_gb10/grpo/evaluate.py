@@ -154,8 +154,9 @@ def evaluate_examples(
 ) -> EvalResult:
     """:func:`evaluate` on held-out ``examples`` with a run's settings (``config.eval``, ``.data``,
     ``.rollout``); ``prompts`` is the run's ``prompts.PromptEncoder``. Training and ``slime-gb10 eval``
-    both evaluate through here."""
-    return evaluate(
+    both evaluate through here. Each question's record carries a digest of its text
+    (:func:`question_digest`), so ``compare`` can tell two sets of questions apart that share ids."""
+    result = evaluate(
         engine,
         [prompts.ids(e) for e in examples],
         [str(e.ground_truth) for e in examples],
@@ -171,3 +172,13 @@ def evaluate_examples(
         stop_regex=config.rollout.stop_regex,
         batch_size=config.eval.batch_size,
     )
+    for record, example in zip(result.questions, examples, strict=True):
+        record["question_digest"] = question_digest(example.prompt)
+    return result
+
+
+def question_digest(question: str) -> str:
+    """A short fingerprint of a question's text (the first 16 hex digits of its SHA-256)."""
+    import hashlib
+
+    return hashlib.sha256(question.strip().encode("utf-8")).hexdigest()[:16]

@@ -115,6 +115,16 @@ def compare_evaluations(first: dict, second: dict) -> dict:
     if not shared:
         raise ValueError("the two evaluations share no question ids: they are not of the same questions")
     by_id = {q["id"]: q for q in second["questions"]}
+    first_by_id = {q["id"]: q for q in first["questions"]}
+    for i in shared:  # ids alone can coincide (gsm8k-0 of two different files)
+        for key, what in (("ground_truth", "ground truths"), ("question_digest", "question texts")):
+            x, y = first_by_id[i].get(key), by_id[i].get(key)
+            if x is not None and y is not None and x != y:
+                raise ValueError(
+                    f"question {i!r} has different {what} in the two files ({str(x)[:40]!r} vs "
+                    f"{str(y)[:40]!r}): they evaluate different questions that share ids; evaluate both "
+                    "models on the same data"
+                )
     result = _paired(a, b, shared, by_id)
     groups: dict[str, list[str]] = {}
     for i in shared:
