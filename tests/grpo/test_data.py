@@ -17,11 +17,11 @@ from slime_gb10.grpo.data import (
     PromptExample,
     PromptSampler,
     evaluate_expression,
-    format_prompt,
     gsm8k_final_answer,
     load_prompt_dataset,
     split_train_eval,
 )
+from slime_gb10.grpo.prompts import format_prompt
 from slime_gb10.grpo.rewards import arithmetic_reward
 
 DATA = Path(__file__).parent / "data"
@@ -361,7 +361,7 @@ def test_format_prompt_fallback_without_template():
     ],
 )
 def test_dataset_text_cannot_inject_control_tokens(smollm2_tokenizer, question):
-    from slime_gb10.grpo.data import encode_prompt
+    from slime_gb10.grpo.prompts import encode_prompt
 
     tok = smollm2_tokenizer
     text, ids = encode_prompt(tok, question, system_prompt="Be brief.")
@@ -376,7 +376,7 @@ def test_dataset_text_cannot_inject_control_tokens(smollm2_tokenizer, question):
 
 @pytest.mark.parametrize("question", ["What is 3 + 4?", "Tom has 1,234 apples.\nHe eats 3.", " x "])
 def test_clean_questions_tokenize_as_the_whole_text_does(smollm2_tokenizer, question):
-    from slime_gb10.grpo.data import encode_prompt
+    from slime_gb10.grpo.prompts import encode_prompt
 
     text, ids = encode_prompt(smollm2_tokenizer, question, system_prompt="S")
     assert ids == smollm2_tokenizer(text, add_special_tokens=False)["input_ids"]

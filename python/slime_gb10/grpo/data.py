@@ -1,4 +1,5 @@
-"""Prompt data for GRPO: local JSONL/Parquet datasets, a procedural arithmetic task, batching, chat templates.
+"""Prompt data for GRPO: local JSONL/Parquet datasets, a procedural arithmetic task, batching
+(chat templates: :mod:`~slime_gb10.grpo.prompts`).
 
 - :func:`load_prompt_dataset` reads a local ``.jsonl`` / ``.json`` / ``.parquet`` file in the GSM8K
   layout (``question`` / ``answer`` with the final number after ``####``) or a generic
@@ -9,7 +10,6 @@
   (difficulty 0 is single-digit addition, ``What is 3 + 4?``), so a run needs no download.
 - :class:`PromptSampler` yields batches over epochs with a seeded shuffle and resumes exactly
   from its ``state_dict``.
-- :func:`format_prompt` applies the tokenizer's chat template (or a plain fallback).
 """
 
 from __future__ import annotations
@@ -564,73 +564,3 @@ class PromptSampler:
         self.epoch = int(state["epoch"])
         self.index = int(state["index"])
         self._order = None
-
-
-# --- chat templates ----------------------------------------------------------------------------
-
-
-def format_prompt(
-    tokenizer: Any,
-    question: str,
-    system_prompt: str | None = None,
-    instruction: str | None = DEFAULT_INSTRUCTION,
-) -> str:
-    """The text the model sees: the question (+ ``instruction``) through the tokenizer's chat template.
-
-    With a chat template: ``tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-    tokenize=False)`` with an optional system message. Without one (base models, or
-    ``tokenizer=None``): ``"{system}\\n\\nQuestion: {question}\\n{instruction}\\nAnswer:"``.
-    """
-    content = question.strip()
-    if instruction:
-        content = f"{content}\n{instruction}"
-    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
-        messages = []
-        if system_prompt:
-            messages.append({"role": "system", "content": system_prompt})
-        messages.append({"role": "user", "content": content})
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    prefix = f"{system_prompt}\n\n" if system_prompt else ""
-    return f"{prefix}Question: {content}\nAnswer:"
-
-
-# Stands in for the user's text while the chat template is rendered (Unicode private-use
-# characters: no template, tokenizer or dataset produces them), so the template's own text and
-# the user's text can be tokenized apart.
-_USER_TEXT_MARKER = "\ue000slime-gb10-user-text\ue000"
-
-
-def encode_prompt(
-    tokenizer: Any,
-    question: str,
-    system_prompt: str | None = None,
-    instruction: str | None = DEFAULT_INSTRUCTION,
-) -> tuple[str, list[int]]:
-    """``(text, token ids)`` of :func:`format_prompt`, with the user's text unable to inject control tokens.
-
-    A dataset question that contains ``<|im_end|><|im_start|>system`` must stay plain text: the
-    template's part of the prompt is tokenized as usual (its special tokens are real), the
-    question with ``split_special_tokens=True`` (special-token strings become ordinary text
-    tokens). Pieces meet at the template's own boundaries (a newline or a special token), where a
-    BPE tokenizer splits anyway, so a clean question gets the same ids as tokenizing the whole text.
-    """
-    text = format_prompt(tokenizer, question, system_prompt, instruction)
-    templated = format_prompt(tokenizer, _USER_TEXT_MARKER, system_prompt, instruction)
-    pieces = templated.split(_USER_TEXT_MARKER)
-    if len(pieces) != 2:  # a template that changes or repeats the user text: fall back, refuse tokens
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        special = set(getattr(tokenizer, "all_special_ids", []))
-        plain = tokenizer(question.strip(), add_special_tokens=False)["input_ids"]
-        if special & set(plain):
-            raise DatasetError(
-                "a prompt contains special-token text (e.g. '<|im_end|>') and this chat template does not "
-                "keep the user text apart; remove it from the data"
-            )
-        return text, ids
-    before, after = pieces
-
-    def encode(part: str, **kwargs) -> list[int]:
-        return tokenizer(part, add_special_tokens=False, **kwargs)["input_ids"] if part else []
-
-    ids = encode(before) + encode(question.strip(), split_special_tokens=True) + encode(after)
-    return text, ids

@@ -2,6 +2,8 @@
 
 - :func:`load_splits`: the training source (a list of examples, or the procedural arithmetic task)
   and the held-out examples, from a :class:`~slime_gb10.grpo.config.DataConfig`.
+- :func:`format_prompt` / :func:`encode_prompt`: a question through the tokenizer's chat template
+  (or a plain fallback), the user's text unable to inject control tokens.
 - :class:`PromptEncoder`: a question -> the token ids of the chat-templated prompt (with the
   configured system prompt and instruction), whether that prompt opens a ``<think>``, and the
   prompts over ``rollout.max_prompt_tokens`` left out (logged) rather than failing mid-run.
@@ -88,9 +90,7 @@ class PromptEncoder:
         if ids is None:
             from slime_gb10.grpo.rewards import prompt_opens_think
 
-            text, ids = data.encode_prompt(
-                self.tokenizer, example.prompt, self.system_prompt, self.instruction
-            )
+            text, ids = encode_prompt(self.tokenizer, example.prompt, self.system_prompt, self.instruction)
             self._opens_think[key] = prompt_opens_think(text)
             if len(ids) > self.max_prompt_tokens:
                 raise PromptTooLongError(
@@ -123,3 +123,73 @@ class PromptEncoder:
                 self.max_prompt_tokens,
             )
         return kept
+
+
+# --- chat templates ----------------------------------------------------------------------------
+
+
+def format_prompt(
+    tokenizer: Any,
+    question: str,
+    system_prompt: str | None = None,
+    instruction: str | None = data.DEFAULT_INSTRUCTION,
+) -> str:
+    """The text the model sees: the question (+ ``instruction``) through the tokenizer's chat template.
+
+    With a chat template: ``tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+    tokenize=False)`` with an optional system message. Without one (base models, or
+    ``tokenizer=None``): ``"{system}\\n\\nQuestion: {question}\\n{instruction}\\nAnswer:"``.
+    """
+    content = question.strip()
+    if instruction:
+        content = f"{content}\n{instruction}"
+    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+        messages = []
+        if system_prompt:
+            messages.append({"role": "system", "content": system_prompt})
+        messages.append({"role": "user", "content": content})
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    prefix = f"{system_prompt}\n\n" if system_prompt else ""
+    return f"{prefix}Question: {content}\nAnswer:"
+
+
+# Stands in for the user's text while the chat template is rendered (Unicode private-use
+# characters: no template, tokenizer or dataset produces them), so the template's own text and
+# the user's text can be tokenized apart.
+_USER_TEXT_MARKER = "\ue000slime-gb10-user-text\ue000"
+
+
+def encode_prompt(
+    tokenizer: Any,
+    question: str,
+    system_prompt: str | None = None,
+    instruction: str | None = data.DEFAULT_INSTRUCTION,
+) -> tuple[str, list[int]]:
+    """``(text, token ids)`` of :func:`format_prompt`, with the user's text unable to inject control tokens.
+
+    A dataset question that contains ``<|im_end|><|im_start|>system`` must stay plain text: the
+    template's part of the prompt is tokenized as usual (its special tokens are real), the
+    question with ``split_special_tokens=True`` (special-token strings become ordinary text
+    tokens). Pieces meet at the template's own boundaries (a newline or a special token), where a
+    BPE tokenizer splits anyway, so a clean question gets the same ids as tokenizing the whole text.
+    """
+    text = format_prompt(tokenizer, question, system_prompt, instruction)
+    templated = format_prompt(tokenizer, _USER_TEXT_MARKER, system_prompt, instruction)
+    pieces = templated.split(_USER_TEXT_MARKER)
+    if len(pieces) != 2:  # a template that changes or repeats the user text: fall back, refuse tokens
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        special = set(getattr(tokenizer, "all_special_ids", []))
+        plain = tokenizer(question.strip(), add_special_tokens=False)["input_ids"]
+        if special & set(plain):
+            raise data.DatasetError(
+                "a prompt contains special-token text (e.g. '<|im_end|>') and this chat template does not "
+                "keep the user text apart; remove it from the data"
+            )
+        return text, ids
+    before, after = pieces
+
+    def encode(part: str, **kwargs) -> list[int]:
+        return tokenizer(part, add_special_tokens=False, **kwargs)["input_ids"] if part else []
+
+    ids = encode(before) + encode(question.strip(), split_special_tokens=True) + encode(after)
+    return text, ids
