@@ -145,7 +145,7 @@ def test_parquet_roundtrip(tmp_path):
     path = tmp_path / "gsm8k.parquet"
     pq.write_table(pa.Table.from_pylist(records), path)
     assert load_prompt_dataset(path) == [
-        PromptExample(e.prompt, e.ground_truth, e.id.replace("gsm8k_tiny", "gsm8k"), e.difficulty)
+        PromptExample(e.prompt, e.ground_truth, e.id.replace("gsm8k_tiny", "gsm8k"), e.difficulty, e.solution)
         for e in load_prompt_dataset(DATA / "gsm8k_tiny.jsonl")
     ]
     (tmp_path / "junk.parquet").write_bytes(b"not parquet")
