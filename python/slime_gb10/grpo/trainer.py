@@ -20,13 +20,10 @@ is the plain policy gradient); otherwise they are computed once before the first
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
 import shutil
-import signal
-import threading
 import time
 from pathlib import Path
 
@@ -36,6 +33,7 @@ from slime_gb10.grpo.batching import Sample, collate, split_microbatches
 from slime_gb10.grpo.config import GRPOConfig
 from slime_gb10.grpo.distributed import DistContext
 from slime_gb10.grpo.interfaces import Generation, SamplingParams
+from slime_gb10.grpo.interrupts import TrainingInterrupted, finish_step_before_interrupt
 from slime_gb10.grpo.metrics import NullLogger, eval_summary, progress_fields, step_row
 from slime_gb10.grpo.prompts import PromptEncoder, load_splits
 
@@ -44,53 +42,6 @@ log = logging.getLogger(__name__)
 
 class TrainingDiverged(RuntimeError):
     """NaN/Inf loss or gradient norm; the message names the step and the last good checkpoint."""
-
-
-class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C: the run stopped cleanly; ``checkpoint`` is where ``--resume`` continues from.
-
-    ``written`` is False when the interrupt came in the middle of a policy update (a second
-    Ctrl-C, see :func:`finish_step_before_interrupt`): the weights in memory were then not a step
-    boundary, so nothing was written and ``checkpoint`` is the last one written before.
-    """
-
-    def __init__(self, checkpoint: Path | None, step: int, *, written: bool = True):
-        super().__init__(f"interrupted after step {step}")
-        self.checkpoint = checkpoint
-        self.step = step
-        self.written = written
-
-
-@contextlib.contextmanager
-def finish_step_before_interrupt():
-    """Hold Ctrl-C (SIGINT) until the block ends, then raise it.
-
-    Wraps a step from its first optimizer update until its metrics are logged, so a checkpoint
-    written on Ctrl-C is always a step boundary (never a half-applied update, never a step whose
-    metrics row is missing). A second Ctrl-C inside the block interrupts at once. Only the main
-    thread can install signal handlers; elsewhere the block runs unguarded.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held: list[int] = []
-
-    def hold(signum, frame):
-        if held:
-            raise KeyboardInterrupt
-        held.append(signum)
-        log.warning(
-            "Ctrl-C: finishing this step, then writing a checkpoint "
-            "(press Ctrl-C again to stop at once, without a new checkpoint)"
-        )
-
-    previous = signal.signal(signal.SIGINT, hold)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if held:
-        raise KeyboardInterrupt
 
 
 class DataError(ValueError):
