@@ -25,12 +25,14 @@ if [ "${PHASE:-start}" = start ]; then
   python3 -c "from slime_gb10.grpo.models import resolve_model_path; resolve_model_path(None)" > /dev/null 2>&1
   setsid nohup bash -c '
     set -uo pipefail
+    fail() { echo "failed: $1 (see its log)" > '"$W"'/done; exit 1; }
     cli() { python3 -c "from slime_gb10.cli import main; main()" "$@"; }
     EVAL=('"${EVAL[*]}"')
     CUDA_VISIBLE_DEVICES=1 cli eval "${EVAL[@]}" --output '"$W"'/base.json > '"$W"'/base.log 2>&1 &
     t=$SECONDS
     CUDA_VISIBLE_DEVICES=0 cli sft --config gsm8k-smollm2-135m --data '"$D"'/train.jsonl \
-      --eval-data '"$D"'/test.jsonl --output '"$W"'/sft --overwrite --no-progress --device cuda > '"$W"'/sft.log 2>&1
+      --eval-data '"$D"'/test.jsonl --output '"$W"'/sft --overwrite --no-progress --device cuda > '"$W"'/sft.log 2>&1 \
+      || fail sft
     echo "sft wall $((SECONDS - t)) s" >> '"$W"'/sft.log
     CUDA_VISIBLE_DEVICES=0 cli eval "${EVAL[@]}" --model '"$W"'/sft/final_model --output '"$W"'/sft.json \
       > '"$W"'/sft-eval.log 2>&1
@@ -39,7 +41,7 @@ if [ "${PHASE:-start}" = start ]; then
     torchrun --standalone --nproc-per-node '"${GPUS:-4}"' -m slime_gb10 train --config gsm8k-smollm2-135m \
       --model '"$W"'/sft/final_model --data '"$D"'/train.jsonl --set data.eval_path='"$D"'/test.jsonl \
       --output '"$W"'/grpo --overwrite --no-progress --device cuda --steps '"${STEPS:-200}"' \
-      --set eval.at_end=false > '"$W"'/grpo.log 2>&1
+      --set eval.at_end=false > '"$W"'/grpo.log 2>&1 || fail grpo
     echo "grpo wall $((SECONDS - t)) s" >> '"$W"'/grpo.log
     CUDA_VISIBLE_DEVICES=0 cli eval "${EVAL[@]}" --model '"$W"'/grpo/final_model --output '"$W"'/grpo.json \
       > '"$W"'/grpo-eval.log 2>&1
@@ -52,6 +54,7 @@ fi
 for _ in $(seq 1 108); do [ -f "$W/done" ] && break; sleep 5; done
 tail -n 3 "$W/sft.log" "$W/grpo.log" 2>/dev/null | tr '\r' '\n' | tail -n 8
 [ -f "$W/done" ] || { echo "not done yet"; exit 0; }
+[ -s "$W/done" ] && { cat "$W/done"; tail -c 2000 "$W/sft.log" "$W/grpo.log" 2>/dev/null; exit 1; }
 for pair in "base sft" "sft grpo" "base grpo"; do
   set -- $pair
   echo "== $1 -> $2"; cli compare "$W/$1.json" "$W/$2.json"

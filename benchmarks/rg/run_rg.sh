@@ -39,12 +39,12 @@ if [ -z "${SPECS:-}" ]; then
 import json, sys
 from slime_gb10.grpo.stats import constant_answer_baseline
 w, pick, tasks = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-rows = []
+rows, failed = [], []
 for t in tasks:
     try:
         m = json.load(open(f"{w}/{t}-select.json"))["metrics"]
     except (OSError, ValueError, KeyError):
-        print(f"| {t} | eval failed: see {t}-select.log | | | no |", file=sys.stderr)
+        failed.append(t)
         continue
     items = [json.loads(line) for line in open(f"{w}/{t}-train.jsonl")]
     _, constant = constant_answer_baseline(items)
@@ -58,6 +58,8 @@ print("| task | base pass@1 (train items) | base pass@8 | most common answer's s
 print("|---|---|---|---|---|", file=sys.stderr)
 for t, p1, p8, c in rows:
     print(f"| {t} | {p1:.3f} | {p8:.3f} | {c:.3f} | {'yes' if t in chosen else 'no'} |", file=sys.stderr)
+for t in failed:
+    print(f"| {t} | eval failed: see {t}-select.log | | | no |", file=sys.stderr)
 print(" ".join(chosen))
 PY
   )

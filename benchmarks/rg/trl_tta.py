@@ -4,7 +4,10 @@ Only a benchmark: TRL is NOT a dependency of slime-gb10. Everything but the trai
 read from the same recipe and ``--set`` items our run gets: the training prompts in the same order
 (``PromptSampler`` with the run's seed), the same instruction, system prompt and chat template, the
 same reward function (``data.reward``), group, batch, lr, clip, lengths and temperature. Master
-weights in FP32 with BF16 autocast, as ours (``bf16=True`` on an FP32 model).
+weights in FP32 with BF16 autocast, as ours (``bf16=True`` on an FP32 model). The recipe's stop
+strings / regexes become a ``StoppingCriteria`` running our engine's stop test, and DAPO's overlong
+buffer a second reward function (the same ``algo.overlong_penalty``), so a recipe keeps its length
+remedies on both sides.
 
 The clock: the sum of TRL's step times (``on_step_begin`` -> ``on_step_end``, CUDA synchronized;
 generation, reward and update, as TRL does them in ``training_step``), with the model load before
@@ -48,15 +51,18 @@ def main() -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     from slime_gb10.grpo import data, prompts
+    from slime_gb10.grpo.algo import overlong_penalty
     from slime_gb10.grpo.config import build_config
+    from slime_gb10.grpo.engines.stops import stops_in
+    from slime_gb10.grpo.interfaces import SamplingParams
     from slime_gb10.grpo.rewards import get_reward
 
     cfg = build_config(args.config, sets=args.sets)
     r, t, a = cfg.rollout, cfg.train, cfg.algo
-    if r.stop or r.stop_regex or a.overlong_buffer or a.truncated_reward is not None or a.mask_truncated:
+    if a.truncated_reward is not None or a.mask_truncated:
         parser.error(
-            "TRL's GRPOTrainer has no stop strings, overlong shaping or truncated reward here: "
-            "pass --set rollout.stop_regex=[] --set algo.overlong_buffer=0 (and the same to our run)"
+            "only the stop strings/regexes and DAPO's overlong buffer have a TRL counterpart here: "
+            "unset algo.truncated_reward and algo.mask_truncated (and in our run)"
         )
     cuda = torch.cuda.is_available()
     out = Path(args.out)
@@ -78,11 +84,19 @@ def main() -> None:
     dataset = Dataset.from_list(
         [{"prompt": conversation(e.prompt), "ground_truth": e.ground_truth} for b in batches for e in b]
     )
-    score = get_reward(cfg.data.reward)
+    score = get_reward(cfg.data.reward_spec())
 
-    def reward(completions, ground_truth, **_):
+    def task(completions, ground_truth, **_):
         texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
         return [float(score(text, truth)) for text, truth in zip(texts, ground_truth)]
+
+    def overlong(completion_ids, **_):
+        """DAPO's soft overlong penalty (algo.overlong_penalty, the same function as ours), as a
+        second reward TRL adds to the task's: shape_rewards adds it the same way."""
+        lengths = torch.tensor([len(ids) for ids in completion_ids])
+        return overlong_penalty(lengths, r.max_new_tokens, a.overlong_buffer).tolist()
+
+    reward_funcs = [task, overlong] if a.overlong_buffer else [task]
 
     class Clock(TrainerCallback):
         """Step times (CUDA synchronized); every ``--save-every`` steps a checkpoint, off the clock."""
@@ -120,6 +134,32 @@ def main() -> None:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    if r.stop or r.stop_regex:
+        # TRL's HF-generate path takes no stop criteria: our engine's stop test (engines/stops.py) on
+        # each row's completion text, as a StoppingCriteria passed to every generate call. HF then pads
+        # a stopped row with pad_token_id (<|im_end|> here), which TRL's EOS mask keeps as the
+        # completion's last token: one unsampled end token per stopped completion, which ours lacks.
+        from transformers import StoppingCriteria, StoppingCriteriaList
+
+        stop_params = SamplingParams(stop=tuple(r.stop), stop_regex=tuple(r.stop_regex))
+
+        class CompletionStops(StoppingCriteria):
+            def __init__(self, start: int):
+                self.start = start
+
+            def __call__(self, input_ids, scores, **kwargs):
+                tails = tokenizer.batch_decode(input_ids[:, self.start :][:, -64:], skip_special_tokens=True)
+                return torch.tensor([stops_in(text, stop_params) for text in tails], device=input_ids.device)
+
+        generate = model.generate
+
+        def generate_with_stops(*args, **kwargs):
+            kwargs["stopping_criteria"] = StoppingCriteriaList(
+                [CompletionStops(kwargs["input_ids"].shape[1])]
+            )
+            return generate(*args, **kwargs)
+
+        model.generate = generate_with_stops
     per_step = r.prompts_per_step * r.group_size
     micro = min(t.micro_batch_size, per_step)
     if per_step % micro:
@@ -157,6 +197,7 @@ def main() -> None:
         save_strategy="no",
         shuffle_dataset=False,
         seed=t.seed,
+        reward_weights=[1.0, a.overlong_penalty] if a.overlong_buffer else None,
     )
     known = {f.name for f in dataclasses.fields(GRPOConfig)}
     dropped = sorted(k for k in settings if k not in known)
@@ -166,14 +207,17 @@ def main() -> None:
     clock = Clock()
     trainer = GRPOTrainer(
         model=model,
-        reward_funcs=reward,
+        reward_funcs=reward_funcs,
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
         callbacks=[clock],
     )
     trainer.train()
-    rewards = [row["reward"] for row in trainer.state.log_history if "reward" in row]
+    # the task's reward (what our metrics.jsonl calls reward_mean), without the length penalty
+    rewards = [
+        row.get("rewards/task/mean", row["reward"]) for row in trainer.state.log_history if "reward" in row
+    ]
     lengths = [row.get("completions/mean_length") for row in trainer.state.log_history if "reward" in row]
     result = {
         "trl": trl_version,

@@ -62,7 +62,7 @@ if [ "${PHASE:-start}" = start ]; then
 fi
 
 # PHASE=finish
-for _ in $(seq 1 100); do
+for _ in $(seq 1 60); do  # at most 5 minutes: the evals must fit the same call
   [ -f "$T/ours.done" ] && grep -q TRL_TTA "$T/trl.log" && break
   sleep 5
 done

@@ -47,7 +47,10 @@ def trl_curve(directory: Path) -> dict:
         result = directory / f"{row['dir']}.eval.json"
         if result.is_file():
             evals.append((row["step"], row["clock_s"], json.loads(result.read_text())["metrics"]["pass@1"]))
-    return {"clock": clock["clock_s"], "rewards": clock["rewards"], "evals": evals, "version": clock["trl"]}
+    # clock.json before TRL finished holds only the checkpoint rows
+    clock_s = clock.get("clock_s") or [row["clock_s"] for row in clock["rows"]]
+    rewards = clock.get("rewards") or [None] * len(clock_s)
+    return {"clock": clock_s, "rewards": rewards, "evals": evals, "version": clock["trl"]}
 
 
 def time_to(evals: list[tuple[int, float, float]], threshold: float) -> tuple[int, float] | None:
@@ -94,6 +97,7 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|")
     rows = [(ARMS[arm], c) for arm, c in curves.items()] + [(f"TRL {trl['version']} GRPOTrainer", trl)]
+    rows = [(name, c) for name, c in rows if c["evals"]]  # a trainer with no held-out point has no row
     for name, c in rows:
         hit = time_to(c["evals"], threshold) if final > base else None
         steps = len(c["clock"])
@@ -104,12 +108,12 @@ def main() -> None:
             f"| {f'{hit[1]:.1f}' if hit else 'not reached'} |"
         )
     print()
-    trl_hit = time_to(trl["evals"], threshold) if final > base else None
+    trl_hit = time_to(trl["evals"], threshold) if final > base and trl["evals"] else None
     if ours_hit and trl_hit:
         print(
             f"time to {threshold:.3f}: ours {ours_hit[1]:.1f} s, TRL {trl_hit[1]:.1f} s: TRL / ours = {trl_hit[1] / ours_hit[1]:.1f}x"
         )
-    elif ours_hit:
+    elif ours_hit and trl["clock"]:
         at_equal = accuracy_at(trl["evals"], ours_hit[1])
         at_10x = accuracy_at(trl["evals"], 10 * ours_hit[1])
         print(

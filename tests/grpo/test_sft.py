@@ -114,10 +114,32 @@ def test_sft_end_to_end_writes_a_model_that_train_and_eval_load(tmp_path, tiny_d
                     "--eval-data", str(gsm8k_small / "test.jsonl"), "--device", "cpu",
                     "--max-new-tokens", "4", "--num-prompts", "all")  # fmt: skip
     assert result.exit_code == 0, result.output
+    # ... and GRPO starts from: one CPU step of train with it, from its FP32 weights
+    from safetensors.torch import load_file
+
+    assert {t.dtype for t in load_file(out / "final_model" / "model.safetensors").values()} == {torch.float32}
+    result = invoke("train", "--model", str(out / "final_model"), "--data", str(gsm8k_small / "train.jsonl"),
+                    "--set", "data.eval_size=0", "--steps", "1", "--prompts-per-step", "2", "--group-size", "2",
+                    "--max-new-tokens", "4", "--device", "cpu", "--output", str(tmp_path / "grpo"),
+                    "--no-progress", "--eval-every", "0")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "grpo" / "final_model").is_dir()
     # a run directory is never silently reused
     again = invoke("sft", "--model", str(tiny_dir), "--data", str(gsm8k_small / "train.jsonl"),
                    "--eval-data", str(gsm8k_small / "test.jsonl"), "--output", str(out))  # fmt: skip
     assert again.exit_code != 0 and "already holds a run" in again.output
+
+
+def test_sft_writes_apart_from_train_by_default(tmp_path, tiny_dir, gsm8k_small, monkeypatch):
+    """Without --output, sft writes to the config's output.dir + '-sft': `train --config X --model
+    <that>/final_model` must not find its own output directory holding the model it starts from."""
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "c.yaml"
+    config.write_text("output:\n  dir: runs/x\nsft:\n  batch_size: 4\n  epochs: 1\n")
+    result = invoke("sft", "--config", str(config), "--model", str(tiny_dir), "--data", str(gsm8k_small / "train.jsonl"),
+                    "--eval-data", str(gsm8k_small / "test.jsonl"), "--device", "cpu", "--no-progress")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "runs" / "x-sft" / "final_model").is_dir() and not (tmp_path / "runs" / "x").exists()
 
 
 def test_micro_batches_do_not_change_the_step(tiny_dir):

@@ -136,11 +136,21 @@ def test_two_different_question_sets_that_share_ids_are_refused():
     first = {"questions": [{"id": "q-0", "correct": 1, "ground_truth": "72", "question_digest": "aa"}]}
     same = {"questions": [{"id": "q-0", "correct": 0, "ground_truth": "72", "question_digest": "aa"}]}
     assert compare_evaluations(first, same)["only_first_right"] == 1
-    other_truth = {"questions": [{"id": "q-0", "correct": 0, "ground_truth": "10", "question_digest": "aa"}]}
-    with pytest.raises(ValueError, match="different ground truths"):
-        compare_evaluations(first, other_truth)
     other_text = {"questions": [{"id": "q-0", "correct": 0, "ground_truth": "72", "question_digest": "bb"}]}
     with pytest.raises(ValueError, match="different question texts"):
         compare_evaluations(first, other_text)
+    # the same question, another of its right answers stored (reasoning-gym's word_ladder draws one of
+    # several paths per process): the digests agree, so the pair stands
+    ladder = {
+        "questions": [
+            {"id": "q-0", "correct": 0, "ground_truth": "COLD,CORD,CARD,WARD,WARM", "question_digest": "aa"}
+        ]
+    }
+    assert compare_evaluations(first, ladder)["questions"] == 1
+    # files without digests (written before them): the ground truths decide
+    old_a = {"questions": [{"id": "q-0", "correct": 1, "ground_truth": "72"}]}
+    old_b = {"questions": [{"id": "q-0", "correct": 0, "ground_truth": "10"}]}
+    with pytest.raises(ValueError, match="different ground truths"):
+        compare_evaluations(old_a, old_b)
     older = {"questions": [{"id": "q-0", "correct": 0, "ground_truth": "72"}]}  # a file without digests
     assert compare_evaluations(first, older)["questions"] == 1

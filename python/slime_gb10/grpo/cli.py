@@ -42,8 +42,7 @@ def config_option(*flags: str, key: str):
     field = _field(key)
 
     def store(ctx: click.Context, _param, value):
-        if value is not None:
-            ctx.meta.setdefault("config_overrides", {})[key] = value
+        _store_override(ctx, key, value)
 
     default = "" if field.default is None else f"; default {field.default}"
     return click.option(
@@ -54,6 +53,11 @@ def config_option(*flags: str, key: str):
         callback=store,
         help=f"{field.description} [{key}{default}]",
     )
+
+
+def _store_override(ctx: click.Context, key: str, value) -> None:
+    if value is not None:
+        ctx.meta.setdefault("config_overrides", {})[key] = value
 
 
 def _cli_overrides() -> dict:
@@ -369,7 +373,12 @@ def run_eval(config: GRPOConfig):
 
 @click.command("sft")
 @_common_options
-@config_option("--output", key="output.dir")
+@click.option(
+    "--output",
+    callback=lambda ctx, _param, value: _store_override(ctx, "output.dir", value),
+    expose_value=False,
+    help="Run directory (default: the config's output.dir + '-sft', apart from train's).",
+)
 @config_option("--epochs", key="sft.epochs")
 @config_option("--lr", key="sft.lr")
 @config_option("--batch-size", key="sft.batch_size")
@@ -384,12 +393,21 @@ def sft_command(config_file, sets, data_path, verbose, overwrite, no_progress):
         config = _config_from_cli(config_file, sets, data_path, None)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
+    if "output.dir" not in _cli_overrides() and not any(s.startswith("output.dir=") for s in sets):
+        # not the config's own output.dir: that is where `train` with the same config writes
+        config.output.dir = f"{config.output.dir}-sft"
     _setup_logging(verbose)
     _apply_runtime_fixes()
     try:
-        got = run_sft(config, overwrite=overwrite, progress=not no_progress)
+        got = run_sft(config, overwrite=overwrite, progress=config.output.progress and not no_progress)
     except (*_user_errors(), SFTDataError, FloatingPointError) as exc:
         raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:
+        click.echo(
+            f"\ninterrupted: SFT writes no checkpoints; start it again with --overwrite --output {config.output.dir}",
+            err=True,
+        )
+        sys.exit(130)
     click.echo(
         f"done: {got['steps']} steps on {got['examples']} solutions; held-out solution loss "
         f"{got['held_out_loss_before']:.4f} -> {got['held_out_loss_after']:.4f}"

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections import Counter
 from collections.abc import Sequence
 from functools import cache
 from typing import Any
@@ -132,9 +133,7 @@ def constant_answer_defect(task: str, entries: list[dict[str, Any]]) -> tuple[st
     """
     examples = [_example(task, e, "check", i) for i, e in enumerate(entries)]
     references = [str(e["answer"]).strip() for e in entries]
-    common = [
-        a for a, _ in sorted(((a, -references.count(a)) for a in set(references)), key=lambda x: x[1])[:3]
-    ]
+    common = [answer for answer, _ in Counter(references).most_common(3)]  # ties: first seen first
 
     def extracted(answer: str, reference: str) -> str:
         got = extract_answer(f"#### {answer}", reference)

@@ -19,7 +19,8 @@ silently reused; atomic ``final_model/``).
 
 Writes ``<output>/config.yaml``, ``metrics.jsonl`` (per step: loss, solution tokens, learning
 rate, gradient norm, step time; the held-out loss before and after) and ``final_model/`` (HF
-layout with the tokenizer: ``slime-gb10 train --model <output>/final_model``).
+layout with the tokenizer, FP32: ``slime-gb10 train --model <output>/final_model``). No
+checkpoints: an interrupted SFT run starts over (``--overwrite``); it takes minutes on a GPU.
 """
 
 from __future__ import annotations
@@ -167,6 +168,7 @@ def mean_nll(model, examples: list[Encoded], micro: int, pad_id: int, device, au
 def run_sft(config, *, overwrite: bool = False, progress: bool = True) -> dict:
     """Fine-tune ``config.model`` on the reference solutions of ``config.data``; see the module doc."""
     from slime_gb10.grpo import prompts as prompt_data
+    from slime_gb10.grpo.metrics import require_reporter
     from slime_gb10.grpo.rundir import open_run_dir
 
     source, held_out = prompt_data.load_splits(config.data, config.train.seed)
@@ -176,6 +178,7 @@ def run_sft(config, *, overwrite: bool = False, progress: bool = True) -> dict:
             "use a GSM8K-layout source (question, answer with a worked solution ending '#### n'), e.g. --data gsm8k"
         )
     held_out = [e for e in held_out if e.solution is not None]
+    require_reporter(config.output.report_to)  # before the directory is opened and the model loaded
     run = open_run_dir(config.output.dir, overwrite=overwrite)  # refused before anything loads
     run_dir = Path(config.output.dir)
     try:
@@ -209,7 +212,12 @@ def _train(config, run_dir: Path, source: list, held_out: list, progress: bool) 
         model.gradient_checkpointing_enable()
     model.train()
     prompts = prompt_data.PromptEncoder.from_config(tokenizer, config)
-    eos_id, pad_id = eos_token_ids(tokenizer, model)[0], tokenizer.pad_token_id
+    # the chat turn's end (<|im_end|>): the tokenizer's own EOS; the model's lowest EOS id otherwise
+    # (Qwen2.5-Instruct lists <|endoftext|> first in its generation config, which ends no turn)
+    eos_id = (
+        tokenizer.eos_token_id if tokenizer.eos_token_id is not None else eos_token_ids(tokenizer, model)[0]
+    )
+    pad_id = tokenizer.pad_token_id
     examples = encode(source, prompts, tokenizer, eos_id, sft.max_tokens)
     held = encode(held_out, prompts, tokenizer, eos_id, sft.max_tokens)
     if not examples:
@@ -263,7 +271,9 @@ def _train(config, run_dir: Path, source: list, held_out: list, progress: bool) 
         after = mean_nll(model, held, sft.micro_batch_size, pad_id, device, autocast)
         logger.log_step({"step": len(steps), "eval/loss": after, "eval/examples": len(held)})
         with atomic_directory(run_dir / "final_model") as tmp:
-            model.to(getattr(torch, config.output.final_model_dtype)).save_pretrained(str(tmp))
+            # FP32, whatever output.final_model_dtype says: this is GRPO's starting point, and sft
+            # writes no checkpoint that would keep the master weights otherwise
+            model.save_pretrained(str(tmp))
             tokenizer.save_pretrained(str(tmp))
     finally:
         if logger is not None:
