@@ -268,5 +268,5 @@ def task_of(ground_truth: str) -> str | None:
 
 
 def tasks_of(examples: Sequence[PromptExample]) -> list[str]:
-    """The reasoning-gym task of each example (from its ground truth)."""
-    return [json.loads(e.ground_truth)["rg"] for e in examples]
+    """The reasoning-gym task of each example (from its ground truth; None for a non-rg example)."""
+    return [task_of(e.ground_truth) for e in examples]
