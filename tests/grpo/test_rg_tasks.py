@@ -150,3 +150,81 @@ def test_a_run_on_rg_data_takes_the_rg_reward_and_its_own_held_out_set():
     bad = config.data.model_copy(update={"eval_path": "test.jsonl"})
     with pytest.raises(DatasetError, match="holds its own fixed held-out set"):
         load_splits(bad, seed=0)
+
+
+def test_a_task_takes_settings_of_its_reasoning_gym_config():
+    tasks = rg_tasks.parse_tasks("rg:chain_sum:max_terms=2:max_digits=1, basic_arithmetic:operators=+|-,gcd")
+    assert [t.label for t in tasks] == [
+        "chain_sum:max_digits=1:max_terms=2",  # sorted, so one difficulty has one label
+        "basic_arithmetic:operators=+|-",
+        "gcd",
+    ]
+    assert tasks[1].kwargs == {"operators": ("+", "-")}
+    # the held-out questions are reasoning-gym's own for that config and the fixed seed
+    _, held = rg_tasks.load_splits(
+        "rg:chain_sum:max_terms=2:max_digits=1", eval_size=20, seed=0, train_size=50
+    )
+    expected = rg.create_dataset("chain_sum", size=20, seed=rg_tasks.HELD_OUT_SEED, max_terms=2, max_digits=1)
+    assert [e.prompt for e in held] == [entry["question"] for entry in expected]
+    assert all(e.prompt.count("+") + e.prompt.count("-") == 1 for e in held)  # two one-digit terms
+    assert rg_tasks.tasks_of(held) == ["chain_sum:max_digits=1:max_terms=2"] * 20
+    # the settings travel in the ground truth; a task without settings keeps the ground truth it had
+    assert json.loads(held[0].ground_truth)["config"] == {"max_digits": 1, "max_terms": 2}
+    _, plain = rg_tasks.load_splits("rg:chain_sum", eval_size=2, seed=0, train_size=50)
+    assert set(json.loads(plain[0].ground_truth)) == {"rg", "answer", "metadata"}
+
+
+def test_the_same_task_at_two_difficulties_is_two_tasks():
+    train, held = rg_tasks.load_splits(
+        "rg:lcm:max_value=50,lcm:min_value=100:max_value=1000", eval_size=20, seed=0, train_size=100
+    )
+    assert len({e.id for e in train + held}) == len(train) + len(held)
+    labels = rg_tasks.tasks_of(held)
+    assert labels[:2] == ["lcm:max_value=50", "lcm:max_value=1000:min_value=100"]
+    for example in held:
+        numbers = [int(n) for n in example.prompt.split(":")[-1].replace(",", " ").split()]
+        assert (
+            max(numbers) <= 50 if labels[held.index(example)] == "lcm:max_value=50" else min(numbers) >= 100
+        )
+
+
+def test_a_tuple_setting_takes_one_value_and_its_verifier_is_the_configured_tasks():
+    _, held = rg_tasks.load_splits(
+        "rg:fraction_simplification:max_value=20:max_factor=10:styles=plain",
+        eval_size=4,
+        seed=0,
+        train_size=50,
+    )
+    truth = json.loads(held[0].ground_truth)
+    assert truth["config"] == {"max_factor": 10, "max_value": 20, "styles": "plain"}
+    assert all("\\frac" not in e.prompt and "$" not in e.prompt for e in held)
+    assert rg_tasks.rg_reward(f"#### {truth['answer']}", held[0].ground_truth) == 1.0
+    assert rg_tasks.rg_reward("#### 999/1000", held[0].ground_truth) < 1.0  # (a format credit)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("rg:chain_sum:max_terms", r"'max_terms' is not a setting; write <task>:<key>=<value>"),
+        ("rg:chain_sum:max_terms=2:max_terms=3", "sets 'max_terms' twice"),
+        (
+            "rg:chain_sum:colour=red",
+            r"refuses the settings \{'colour': 'red'\}.*its settings: min_terms, max_terms",
+        ),
+        ("rg:chain_sum:max_terms=1:min_terms=2", "refuses the settings.*max_terms must be >= min_terms"),
+        ("rg:lcm:max_value=20,lcm:max_value=20", "names a task twice"),
+        ("rg::max_terms=2", r"write rg:<task>\[:<key>=<value>"),
+    ],
+)
+def test_bad_settings_are_one_line_errors_before_any_work(spec, message):
+    with pytest.raises(DatasetError, match=message):
+        rg_tasks.parse_tasks(spec)
+
+
+def test_an_answer_the_verifier_cannot_read_scores_zero_instead_of_ending_the_run():
+    _, held = rg_tasks.load_splits("rg:prime_factorization", eval_size=1, seed=0, train_size=50)
+    truth = held[0].ground_truth
+    with pytest.raises(ValueError):  # reasoning-gym 0.1.25's own verifier raises on it
+        rg.get_score_answer_fn("prime_factorization")("0.5", json.loads(truth))
+    assert rg_tasks.rg_reward("#### 0.5", truth) == 0.0
+    assert rg_tasks.rg_reward(f"#### {json.loads(truth)['answer']}", truth) == 1.0
