@@ -15,7 +15,9 @@ export PYTHONPATH="$PWD/python:/tmp/site" PYTHONUNBUFFERED=1 SLIME_GB10_CACHE=/t
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/rg-run}
 W=/tmp/rg
+# CANDIDATES: task specs, or @FILE (one per line, # comments), e.g. @benchmarks/rg/candidates-round3.txt
 CANDIDATES=${CANDIDATES:-"gcd lcm leg_counting count_bits letter_counting basic_arithmetic chain_sum family_relationships"}
+[[ $CANDIDATES == @* ]] && CANDIDATES=$(sed 's/#.*//' "${CANDIDATES#@}" | xargs)
 PICK=${PICK:-4}
 STEPS=${STEPS:-150}
 read -r -a GPU <<< "${GPUS:-0 1 2 3}"
