@@ -54,11 +54,11 @@ if [ "${PHASE:-start}" = start ]; then
   }
   export -f ARM EVAL cli
   export PLAIN_SETS_STR="${PLAIN_SETS[*]}"
-  export TASK EVERY DEVICE EVAL_SIZE EVAL_TOKENS
+  export TASK EVERY DEVICE EVAL_SIZE EVAL_TOKENS ARMS
   CUDA_VISIBLE_DEVICES=${GPU_OURS:-0} COMMON_STR="${COMMON[*]}" setsid nohup bash -c '
     read -r -a COMMON <<< "$COMMON_STR"; read -r -a PLAIN_SETS <<< "$PLAIN_SETS_STR"; T='"$T"'
     ARM ours --set algo.skip_zero_variance_groups=false
-    ARM ours-default
+    [ "${ARMS:-both}" = ours ] || ARM ours-default  # ARMS=ours: only the like-for-like arm
     touch "$T/ours.done"' > "$T/ours.log" 2>&1 &
   echo "started: TRL on GPU ${GPU_TRL:-3}, ours on GPU ${GPU_OURS:-0}"
   exit 0
