@@ -221,7 +221,7 @@ def load_for_resume(target: str | Path) -> tuple[Path, dict, dict]:
     if not found:
         raise CheckpointError(
             f"--resume: no checkpoint under '{target / CHECKPOINT_DIR}' (a run writes one every "
-            "output.checkpoint_every steps, at the end and on Ctrl-C)"
+            "output.checkpoint_every steps, at the end and on Ctrl-C, SIGTERM or SIGHUP)"
         )
     errors = []
     for _, path in reversed(found):

@@ -10,9 +10,10 @@ Each step::
         backend.train_step(minibatch, grpo_loss)       # clipped surrogate (+ KL, TIS)
     engine.update_weights(backend.export_weights())    # weight sync through a chunk stream
 
-plus evaluation every ``eval.every`` steps and a checkpoint every ``output.checkpoint_every`` (and
-at the end when that is set; Ctrl-C always writes one). Under ``torchrun`` each rank runs this
-loop on its share of the prompts (:mod:`slime_gb10.grpo.distributed`); rank 0 writes the run.
+plus evaluation every ``eval.every`` steps and a checkpoint every ``output.checkpoint_every``, one
+before ``final_model/`` and one on Ctrl-C, SIGTERM or SIGHUP (:mod:`slime_gb10.grpo.interrupts`).
+Under ``torchrun`` each rank runs this loop on its share of the prompts
+(:mod:`slime_gb10.grpo.distributed`); rank 0 writes the run.
 With one epoch and one minibatch the "old" policy of the PPO ratio IS the current one, so its
 logprobs are the detached current logprobs (no extra forward; the ratio is 1 and the gradient
 is the plain policy gradient); otherwise they are computed once before the first update.
@@ -29,11 +30,12 @@ from pathlib import Path
 
 import torch
 
+from slime_gb10.grpo import interrupts
 from slime_gb10.grpo.batching import Sample, collate, split_microbatches
 from slime_gb10.grpo.config import GRPOConfig
 from slime_gb10.grpo.distributed import DistContext
 from slime_gb10.grpo.interfaces import Generation, SamplingParams
-from slime_gb10.grpo.interrupts import TrainingInterrupted, finish_step_before_interrupt
+from slime_gb10.grpo.interrupts import TrainingInterrupted  # noqa: F401  (the CLI's and tests' name)
 from slime_gb10.grpo.metrics import NullLogger, eval_summary, progress_fields, step_row
 from slime_gb10.grpo.prompts import PromptEncoder, load_splits
 
@@ -267,6 +269,8 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> list[dict]:
+        """Steps up to ``train.steps``, then the final eval and ``final_model/``. Ctrl-C, SIGTERM or
+        SIGHUP anywhere in it: a checkpoint when memory is a step boundary, then TrainingInterrupted."""
         from slime_gb10.grpo.backends.common import NonFiniteError
 
         cfg = self.config
@@ -278,54 +282,38 @@ class GRPOTrainer:
             progress = tqdm(
                 total=cfg.train.steps, initial=self.step, desc="GRPO", unit="step", dynamic_ncols=True
             )
-        if (
-            cfg.eval.every
-            and cfg.eval.at_start
-            and self.step == 0
-            and self.eval_examples
-            and self.dist.is_main
-        ):
-            start = time.perf_counter()
-            row = {"step": 0, **{f"eval/{k}": v for k, v in self.run_eval().metrics.items()}}
-            row["eval_time_s"] = time.perf_counter() - start
-            self.logger.log_step(row)
-            log.info("step 0 eval: %s", eval_summary(row))
-        try:
-            while self.step < cfg.train.steps:
-                try:
-                    row = self.train_step()
-                except NonFiniteError as exc:
-                    where = self._last_checkpoint or "none written yet"
-                    raise TrainingDiverged(
-                        f"step {self.step + 1}: {exc}. Training stopped; nothing was saved from this step "
-                        f"(with train.minibatches > 1 the weights in memory may be partly updated). "
-                        f"Last good checkpoint: {where}. Lower train.lr (or train.max_grad_norm), then --resume."
-                    ) from exc
-                history.append(row)
+        at_start = cfg.eval.every and cfg.eval.at_start and self.step == 0 and self.eval_examples
+        with interrupts.stop_on_signals(), interrupts.checkpoint_on_interrupt(self):
+            try:
+                if at_start and self.dist.is_main:
+                    start = time.perf_counter()
+                    row = {"step": 0, **{f"eval/{k}": v for k, v in self.run_eval().metrics.items()}}
+                    row["eval_time_s"] = time.perf_counter() - start
+                    self.logger.log_step(row)
+                    log.info("step 0 eval: %s", eval_summary(row))
+                while self.step < cfg.train.steps:
+                    try:
+                        row = self.train_step()
+                    except NonFiniteError as exc:
+                        where = self._last_checkpoint or "none written yet"
+                        raise TrainingDiverged(
+                            f"step {self.step + 1}: {exc}. Training stopped; nothing was saved from this step "
+                            f"(with train.minibatches > 1 the weights in memory may be partly updated). "
+                            f"Last good checkpoint: {where}. Lower train.lr (or train.max_grad_norm), then --resume."
+                        ) from exc
+                    history.append(row)
+                    if progress is not None:
+                        progress.update(1)
+                        progress.set_postfix(progress_fields(row))
+                    every = cfg.output.checkpoint_every
+                    if every and (self.step % every == 0 or self.step == cfg.train.steps):
+                        self.save("final" if self.step == cfg.train.steps else "periodic")
+            finally:
                 if progress is not None:
-                    progress.update(1)
-                    progress.set_postfix(progress_fields(row))
-                every = cfg.output.checkpoint_every
-                if every and (self.step % every == 0 or self.step == cfg.train.steps):
-                    self.save("final" if self.step == cfg.train.steps else "periodic")
-        except KeyboardInterrupt:
-            # several ranks: a checkpoint needs all of them, and some may already be gone
-            if (
-                self._mid_step or self.dist.enabled
-            ):  # the weights in memory are half-way through a step: write nothing
-                raise TrainingInterrupted(self._last_checkpoint, self.step, written=False) from None
-            path = self.save("interrupt") if self._boundary is not None else None
-            raise TrainingInterrupted(path, self.step) from None
-        finally:
-            if progress is not None:
-                progress.close()
-        if cfg.eval.at_end and history and self.eval_examples and self.dist.is_main:
-            self._final_eval()
-        if cfg.output.save_final_model and self.dist.is_main:
-            from slime_gb10.utils.atomic import atomic_directory
-
-            with atomic_directory(self.run_dir / "final_model") as tmp:
-                self.backend.save_pretrained(str(tmp), dtype=getattr(torch, cfg.output.final_model_dtype))
+                    progress.close()
+            if cfg.eval.at_end and history and self.eval_examples and self.dist.is_main:
+                self._final_eval()
+            interrupts.write_final_model(self)  # a checkpoint of the last step first, then final_model/
         self.dist.barrier()
         return history
 
@@ -412,10 +400,10 @@ class GRPOTrainer:
             if not (skip and bool(zero_var[i // G])) and s.train and s.completion_ids
         ]
 
-        # 3.-6. From the first optimizer update until the row is logged, Ctrl-C waits for the
+        # 3.-6. From the first optimizer update until the row is logged, a signal waits for the
         # step to finish (finish_step_before_interrupt), so a checkpoint is always a step boundary.
         self._mid_step = True
-        with finish_step_before_interrupt():
+        with interrupts.finish_step_before_interrupt():
             # 3. policy update
             t1 = time.perf_counter()
             # No trainable sample (every group had zero variance): no update, and no loss or
