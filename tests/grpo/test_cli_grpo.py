@@ -245,3 +245,16 @@ def test_the_config_option_names_every_shipped_recipe():
         assert result.exit_code == 0 and len(recipes()) >= 3
         for name in recipes():
             assert name in text.replace("- ", "-"), (command, name)
+
+
+def test_eval_with_every_prompt_too_long_is_one_line_naming_the_setting(tmp_path, tiny_dir, gsm8k_dir):
+    """All held-out prompts over rollout.max_prompt_tokens (reasoning-gym's string_insertion at the
+    default 256 did this on the H200s) is a one-line error naming the setting, not a traceback."""
+    result = invoke(
+        "eval", "--model", str(tiny_dir), "--device", "cpu", "--data", str(gsm8k_dir / "train.jsonl"),
+        "--eval-data", str(gsm8k_dir / "test.jsonl"), "--num-prompts", "3", "--max-new-tokens", "4",
+        "--set", "rollout.max_prompt_tokens=8", "--output", str(tmp_path / "out.json"),
+    )  # fmt: skip
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert "held-out prompts is longer than rollout.max_prompt_tokens=8 tokens: raise it" in result.output
+    assert not (tmp_path / "out.json").exists()

@@ -86,3 +86,37 @@ def test_print_config_round_trips(tmp_path):
     path.write_text(cfg.to_yaml())
     assert build_config(path) == cfg
     assert "train.steps" in valid_keys(GRPOConfig)
+
+
+def _config_fields():
+    """``(section.key, field)`` of every setting, walked from the models themselves."""
+    for section, section_field in GRPOConfig.model_fields.items():
+        for name, field in section_field.annotation.model_fields.items():
+            yield f"{section}.{name}", field
+
+
+def test_every_setting_has_a_description():
+    """Each setting is declared once with its help (the --help listing and the flags show it)."""
+    fields = list(_config_fields())
+    assert len(fields) == len(valid_keys()) >= 80
+    missing = [key for key, field in fields if not (field.description or "").strip()]
+    assert not missing, f"config fields without description=: {missing}"
+
+
+def test_train_help_lists_every_setting_with_its_description():
+    from click.testing import CliRunner
+
+    from slime_gb10.cli import main
+
+    result = CliRunner().invoke(main, ["train", "--help"])
+    assert result.exit_code == 0, result.output
+
+    def words(text: str) -> str:  # click wraps lines, and may break after a hyphen
+        return " ".join(text.split()).replace("- ", "-")
+
+    help_text = words(result.output)
+    assert "Settings (keys of a --config file" in help_text
+    for key, field in _config_fields():
+        assert f" {key} " in help_text, key
+        first_words = " ".join(field.description.split()[:6])
+        assert words(f"{key} {first_words}") in help_text, (key, first_words)

