@@ -2,14 +2,42 @@
 
 from __future__ import annotations
 
+import pytest
+
 from slime_gb10.grpo.config import build_config, recipes
 
 
 def test_every_recipe_is_a_valid_config():
-    assert recipes() == ["gsm8k-qwen2.5-0.5b-gb10", "gsm8k-smollm2-135m", "rg-smollm2-135m"]
+    assert recipes() == [
+        "gsm8k-qwen2.5-0.5b-gb10",
+        "gsm8k-smollm2-135m",
+        "rg-arithmetic-mix-smollm2-135m",
+        "rg-smollm2-135m",
+    ]
     for name in recipes():
         config = build_config(name, {}, [])
-        assert config.data.path in ("gsm8k", "rg:gcd") and config.eval.at_end
+        assert config.data.path == "gsm8k" or config.data.path.startswith("rg:")
+        assert config.eval.at_end
+
+
+def test_the_mixed_rg_recipe_is_the_single_task_recipe_on_three_tasks_500_held_out_each():
+    pytest.importorskip(
+        "reasoning_gym", reason="reasoning-gym is not installed (pip install 'slime-gb10[rg]')"
+    )
+    from slime_gb10.grpo import rg_tasks
+
+    mix = build_config("rg-arithmetic-mix-smollm2-135m", {}, [])
+    single = build_config("rg-smollm2-135m", {"data.path": mix.data.path}, [])
+    tasks = rg_tasks.parse_spec(mix.data.path)
+    assert [t.split(":")[0] for t in tasks] == ["chain_sum", "basic_arithmetic", "decimal_chain_sum"]
+    assert mix.data.eval_size == 1500 == mix.eval.num_prompts == 500 * len(tasks)
+    differs = {"data": {"eval_size"}, "eval": {"num_prompts"}, "output": {"dir"}}
+    for section, fields in mix.model_dump().items():
+        for key, value in fields.items():
+            if key not in differs.get(section, ()):
+                assert value == single.model_dump()[section][key], f"{section}.{key}"
+    _, held = rg_tasks.load_splits(mix.data.path, eval_size=mix.data.eval_size, seed=0, train_size=50)
+    assert [rg_tasks.tasks_of(held).count(t) for t in tasks] == [500, 500, 500]
 
 
 def test_the_rg_recipe_takes_any_task_and_scores_it_with_the_tasks_own_verifier():
