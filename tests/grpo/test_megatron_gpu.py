@@ -26,8 +26,9 @@ pytestmark = [
 if HAVE_MEGATRON:
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    from slime_gb10.grpo.backends import megatron_backend as mb
-    from slime_gb10.grpo.backends.megatron_mapping import hf_to_megatron, megatron_to_hf
+    from slime_gb10.grpo.backends.megatron import backend as mbb
+    from slime_gb10.grpo.backends.megatron import model as mb
+    from slime_gb10.grpo.backends.megatron.mapping import hf_to_megatron, megatron_to_hf
     from slime_gb10.grpo.interfaces import TokenBatch
 
 
@@ -177,7 +178,7 @@ def test_optimizer_steps_reduce_a_supervised_loss_and_export_streams_hf_weights(
     config, hf = hf_model("tiny_llama", torch.float32)
     from slime_gb10.grpo.config import TrainConfig
 
-    backend = mb.MegatronPolicyBackend(
+    backend = mbb.MegatronPolicyBackend(
         hf, tokenizer=None, device="cuda", train=TrainConfig(lr=3e-3, max_grad_norm=1.0)
     )
     batch = _random_batch(config.vocab_size, seed=3)
@@ -211,7 +212,7 @@ def test_weight_decay_skips_norms_and_biases_and_resumed_settings_come_from_the_
 
     config, hf = hf_model("tiny_llama", torch.float32)
     train = TrainConfig(lr=0.1, weight_decay=0.5, max_grad_norm=1.0)
-    backend = mb.MegatronPolicyBackend(hf, tokenizer=None, device="cuda", train=train)
+    backend = mbb.MegatronPolicyBackend(hf, tokenizer=None, device="cuda", train=train)
     batch = _random_batch(config.vocab_size, seed=5)
 
     def zero(logprobs, entropy, batch, extras):
@@ -230,7 +231,7 @@ def test_weight_decay_skips_norms_and_biases_and_resumed_settings_come_from_the_
     assert {g["weight_decay"] for g in backend.optimizer.param_groups} == {0.0, 0.5}
 
     other = TrainConfig(lr=0.1, weight_decay=0.0, adam_betas=(0.8, 0.95), adam_eps=1e-6)
-    resumed = mb.MegatronPolicyBackend(hf, tokenizer=None, device="cuda", train=other)
+    resumed = mbb.MegatronPolicyBackend(hf, tokenizer=None, device="cuda", train=other)
     resumed.load_state_dict(backend.state_dict())
     resumed.train_step([(batch, {})], zero)
     for group in resumed.optimizer.param_groups:

@@ -18,7 +18,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from slime_gb10.grpo.backends.megatron_mapping import (
+from slime_gb10.grpo.backends.megatron.mapping import (
     DecoderArch,
     MappingError,
     hf_names,
@@ -313,7 +313,7 @@ _REAL_MEGATRON_SCRIPT = textwrap.dedent(
     from megatron.core import parallel_state
     parallel_state.initialize_model_parallel(1, 1)
     from transformers import Qwen2Config
-    from slime_gb10.grpo.backends.megatron_backend import build_gpt_model
+    from slime_gb10.grpo.backends.megatron.model import build_gpt_model
     config = Qwen2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                          intermediate_size=48, vocab_size=61, tie_word_embeddings=False)
     model, arch, flavor = build_gpt_model(config, flavor="local", params_dtype=torch.float32, device="cpu")
@@ -397,7 +397,7 @@ def _fake_te_recipe_module(nvfp4_wgrad_field: str):
 def test_te_recipes_disable_rht_and_keep_wgrad_bf16_on_sm12x_only(monkeypatch, wgrad_field):
     import types
 
-    from slime_gb10.grpo.backends.megatron_backend import te_recipe
+    from slime_gb10.grpo.backends.megatron.model import te_recipe
 
     recipe_module = _fake_te_recipe_module(wgrad_field)
     common = types.ModuleType("transformer_engine.common")

@@ -395,7 +395,7 @@ class SGLangConfig(_Section):
 
 
 class MegatronConfig(_Section):
-    """Settings of the Megatron-core training backend (``backends/megatron_backend.py``)."""
+    """Settings of the Megatron-core training backend (``backends/megatron/``)."""
 
     precision: Literal["bf16", "fp8", "nvfp4"] = Field(
         default="bf16",

@@ -4,7 +4,7 @@ The GRPO loop (``slime_gb10.grpo.trainer``) talks to nothing else. The portable
 implementations are PyTorch + ``transformers`` (``engines/torch_engine.py``,
 ``backends/torch_backend.py``); on a GB10 the production ones are SGLang
 (``engines/sglang_engine.py``) and Megatron-core + TransformerEngine
-(``backends/megatron_backend.py``).
+(``backends/megatron/``).
 
 Weights travel from the backend to the engine as a :class:`slime_gb10.grpo.weight_sync.WeightStream`:
 metadata first, then packed buckets, both built from ONE chunk plan (see that module).

@@ -25,7 +25,7 @@ ENGINE_MODULES = {
 }
 BACKEND_MODULES = {
     "torch": "slime_gb10.grpo.backends.torch_backend",
-    "megatron": "slime_gb10.grpo.backends.megatron_backend",
+    "megatron": "slime_gb10.grpo.backends.megatron.backend",
 }
 
 

@@ -1,1 +1,1 @@
-"""Policy backends: ``torch_backend`` (portable reference), ``megatron_backend`` (GB10 production)."""
+"""Policy backends: ``torch_backend`` (portable reference), ``megatron/`` (GB10 production)."""

@@ -9,7 +9,7 @@ def main() -> None:
     out = {}
     for name, module in (
         ("sglang", "slime_gb10.grpo.engines.sglang_engine"),
-        ("megatron", "slime_gb10.grpo.backends.megatron_backend"),
+        ("megatron", "slime_gb10.grpo.backends.megatron.backend"),
     ):
         try:
             out[name] = list(importlib.import_module(module).availability())

@@ -1,9 +1,10 @@
-"""The production policy backend: Megatron-core ``GPTModel`` (+ TransformerEngine when it imports).
+"""The production policy backend's model: Megatron-core ``GPTModel`` (+ TransformerEngine when it
+imports), its optimizer, precision recipes and logprobs; :mod:`.backend` is the backend around them.
 
 What slime trains with, on one GPU:
 
 * the model is a Megatron-core ``GPTModel`` built from the Hugging Face config (Llama / Qwen2 /
-  SmolLM2 family, see :mod:`.megatron_mapping`), with the TransformerEngine layer spec when
+  SmolLM2 family, see :mod:`.mapping`), with the TransformerEngine layer spec when
   ``transformer_engine`` imports and Megatron's local spec otherwise;
 * weights come in from the HF checkpoint and go out (to the rollout engine, to
   ``save_pretrained``) through the bit-exact HF ↔ Megatron mapping;
@@ -27,30 +28,18 @@ import contextlib
 import importlib.util
 import logging
 import math
-import os
 import socket
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from slime_gb10.grpo.backends.common import (
-    NonFiniteError,
-    accumulate_gradients,
-    batch_to_device,
-    logprob_temperature,
-    warmup_factor,
-)
-from slime_gb10.grpo.backends.megatron_mapping import (
+from slime_gb10.grpo.backends.megatron.mapping import (
     DecoderArch,
     LayerSpecFlavor,
-    hf_named_tensors_fn,
     hf_to_megatron,
-    megatron_to_hf,
 )
 from slime_gb10.grpo.batching import right_padded
-from slime_gb10.grpo.config import TrainConfig
-from slime_gb10.grpo.interfaces import PolicyBackend, TokenBatch, TrainStepResult
+from slime_gb10.grpo.interfaces import TokenBatch
 
 if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
     raise ImportError(
@@ -58,8 +47,6 @@ if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("meg
     )
 
 log = logging.getLogger(__name__)
-
-__all__ = ["MegatronPolicyBackend", "NonFiniteError", "availability", "build_backend", "build_gpt_model"]
 
 
 def _te_importable() -> bool:
@@ -432,231 +419,4 @@ def token_logprobs(
         temperature=temperature,
         chunk_size=chunk_size,
         with_entropy=with_entropy,
-    )
-
-
-# ---------------------------------------------------------------- the backend
-
-
-class MegatronPolicyBackend(PolicyBackend):
-    def __init__(
-        self,
-        hf_model,
-        tokenizer,
-        device: torch.device | str,
-        *,
-        train: TrainConfig,
-        temperature: float = 1.0,
-        transfer_dtype: torch.dtype = torch.bfloat16,
-        transformer_impl: str = "auto",
-        precision: str = "bf16",
-        use_distributed_optimizer: bool = False,
-        recompute_granularity: str = "none",
-        with_reference: bool = False,
-        seed: int = 0,
-    ):
-        device = torch.device(device)
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        self.device = device
-        if self.device.type != "cuda":
-            raise RuntimeError(
-                "the Megatron backend needs a CUDA GPU (Megatron-core places RoPE tables and RNG state on "
-                "CUDA); on a CPU use trainer: torch"
-            )
-        torch.cuda.set_device(self.device)
-        init_single_gpu_parallel(seed)
-        self.tokenizer = tokenizer
-        self.hf_config = hf_model.config
-        self.temperature = logprob_temperature(temperature)
-        self.transfer_dtype = transfer_dtype
-        self.max_grad_norm = train.max_grad_norm
-        self.base_lr, self.warmup_steps, self.steps_done = train.lr, train.warmup_steps, 0
-        self.adam_settings = {"betas": tuple(train.adam_betas), "eps": train.adam_eps}
-        self.weight_decay = train.weight_decay
-        self.precision = precision
-        self.recipe = te_recipe(precision)
-        self.pad_to = 16 if self.recipe is not None else 1
-
-        hf_state = {k: v.detach() for k, v in hf_model.state_dict().items()}
-        self.model, self.arch, self.flavor = build_gpt_model(
-            self.hf_config,
-            flavor=transformer_impl,
-            params_dtype=torch.bfloat16,
-            device=self.device,
-            recompute_granularity=recompute_granularity,
-        )
-        load_hf_weights(self.model, hf_state, self.arch, self.flavor)
-        self.reference = None
-        if with_reference:
-            self.reference, _, _ = build_gpt_model(self.hf_config, flavor=self.flavor, device=self.device)
-            load_hf_weights(self.reference, hf_state, self.arch, self.flavor)
-            self.reference.eval().requires_grad_(False)
-        del hf_state
-
-        self.ddp_model, self.optimizer = build_optimizer(
-            self.model,
-            lr=train.lr,
-            betas=tuple(train.adam_betas),
-            eps=train.adam_eps,
-            weight_decay=train.weight_decay,
-            max_grad_norm=train.max_grad_norm,
-            use_distributed_optimizer=use_distributed_optimizer,
-        )
-        self.num_parameters = sum(p.numel() for p in self.model.parameters())
-        log.info(
-            "Megatron-core GPTModel: %.1fM parameters, %s layer spec, precision %s",
-            self.num_parameters / 1e6,
-            self.flavor,
-            precision,
-        )
-
-    # ---------------------------------------------------------------- logprobs
-    def _logprobs(self, model, batch: TokenBatch, with_entropy: bool):
-        return token_logprobs(
-            model,
-            self._to_device(batch),
-            temperature=self.temperature,
-            with_entropy=with_entropy,
-            recipe=self.recipe,
-            pad_to=self.pad_to,
-        )
-
-    @torch.no_grad()
-    def logprobs(self, batch: TokenBatch, *, with_entropy: bool = False):
-        self.ddp_model.eval()
-        return self._logprobs(self.ddp_model, batch, with_entropy)
-
-    @torch.no_grad()
-    def reference_logprobs(self, batch: TokenBatch) -> torch.Tensor:
-        """Logprobs under the frozen initial policy (KL term / metric)."""
-        if self.reference is None:
-            raise RuntimeError("no reference model was built (algo.beta == 0 and algo.ref_kl_metric is off)")
-        return self._logprobs(self.reference, batch, False)[0]
-
-    # ---------------------------------------------------------------- training
-    def _lr(self) -> float:
-        return self.base_lr * warmup_factor(self.steps_done, self.warmup_steps)
-
-    def _apply_optimizer_settings(self) -> float:
-        """The run's settings on every parameter group before a step; returns the lr.
-
-        lr at this point of the warmup (times the group's ``lr_mult``), Adam's betas and eps, and
-        the weight decay times the group's ``wd_mult``: Megatron gives biases and norm weights a
-        ``wd_mult`` of 0 but leaves applying it to its ``OptimizerParamScheduler``, which this backend
-        does not use, so before this the decay reached them too. A resumed run's optimizer state
-        brings the checkpoint's betas, eps and decay; the config's replace them, as in the torch
-        backend (``--resume`` with changed settings takes effect)."""
-        lr = self._lr()
-        for group in self.optimizer.param_groups:
-            group.update(
-                lr=lr * group.get("lr_mult", 1.0),
-                weight_decay=self.weight_decay * group.get("wd_mult", 1.0),
-                **self.adam_settings,
-            )
-        return lr
-
-    def train_step(self, microbatches: Sequence[tuple[TokenBatch, dict[str, torch.Tensor]]], loss_fn):
-        self.ddp_model.train()
-        self.ddp_model.zero_grad_buffer()
-        self.optimizer.zero_grad()
-        total_loss, metrics = accumulate_gradients(
-            microbatches,
-            device=self.device,
-            forward=lambda batch: self._logprobs(self.ddp_model, batch, True),
-            loss_fn=loss_fn,
-            discard_gradients=self.ddp_model.zero_grad_buffer,
-        )
-        self.ddp_model.finish_grad_sync()
-        grads_finite = torch.stack(
-            [p.main_grad.isfinite().all() for p in self.model.parameters() if p.requires_grad]
-        ).all()
-        if not bool(grads_finite):
-            self.ddp_model.zero_grad_buffer()
-            raise NonFiniteError("the gradient has NaN/Inf entries; the optimizer step was skipped")
-        lr = self._apply_optimizer_settings()
-        update_ok, grad_norm, _ = self.optimizer.step()
-        if not update_ok:
-            raise NonFiniteError("Megatron's optimizer skipped the step (non-finite gradients)")
-        self.steps_done += 1
-        metrics["lr"] = lr
-        return TrainStepResult(loss=total_loss, grad_norm=float(grad_norm or 0.0), metrics=metrics)
-
-    # ---------------------------------------------------------------- weights / checkpoints
-    def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """The current weights under Hugging Face names (contiguous copies of the split views)."""
-        return megatron_to_hf(megatron_state(self.model), self.arch, self.flavor)
-
-    def export_weights(self, bucket_bytes: int):
-        from slime_gb10.grpo.weight_sync import WeightStream
-
-        named = hf_named_tensors_fn(lambda: megatron_state(self.model), self.arch, self.flavor)
-        return WeightStream(named, bucket_bytes=bucket_bytes, transfer_dtype=self.transfer_dtype)
-
-    def state_dict(self) -> dict:
-        return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "steps_done": self.steps_done,
-            "flavor": self.flavor,
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        if state.get("flavor", self.flavor) != self.flavor:
-            raise RuntimeError(
-                f"checkpoint was written with the {state['flavor']!r} layer spec, this run uses {self.flavor!r}; "
-                "set megatron.transformer_impl to match"
-            )
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.steps_done = int(state.get("steps_done", 0))
-
-    def save_pretrained(self, directory: str, dtype: torch.dtype | None = None) -> None:
-        dtype = dtype or torch.bfloat16
-        from transformers import AutoModelForCausalLM
-
-        hf_model = AutoModelForCausalLM.from_config(self.hf_config, dtype=dtype)
-        missing, unexpected = hf_model.load_state_dict(self.hf_state_dict(), strict=False)
-        missing = [k for k in missing if not (k == "lm_head.weight" and self.arch.tie_word_embeddings)]
-        if missing or unexpected:
-            raise RuntimeError(
-                f"export does not fill the HF model: missing {missing[:3]}, unexpected {unexpected[:3]}"
-            )
-        if self.arch.tie_word_embeddings:
-            hf_model.tie_weights()
-        hf_model.save_pretrained(directory, safe_serialization=True)
-        self.tokenizer.save_pretrained(directory)
-
-    def _to_device(self, batch: TokenBatch) -> TokenBatch:
-        return batch_to_device(batch, self.device)
-
-
-def build_backend(config, tokenizer, device) -> MegatronPolicyBackend:
-    """Registry entry point (``backends.trainer: megatron``)."""
-    from slime_gb10.grpo.models import load_causal_lm, resolve_model_path
-
-    device = torch.device(device)
-    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # Megatron's usual setting
-    path = resolve_model_path(config.model.name_or_path)
-    hf_model = load_causal_lm(path, dtype=torch.float32, trust_remote_code=config.model.trust_remote_code)
-    try:
-        from slime_gb10.grpo.engines.torch_engine import engine_dtype
-
-        transfer_dtype = engine_dtype(config, device)
-    except ImportError:
-        transfer_dtype = torch.bfloat16
-    mcfg = config.megatron
-    return MegatronPolicyBackend(
-        hf_model,
-        tokenizer,
-        device,
-        train=config.train,
-        temperature=config.rollout.temperature,
-        transfer_dtype=transfer_dtype,
-        transformer_impl=mcfg.transformer_impl,
-        precision=mcfg.precision,
-        use_distributed_optimizer=mcfg.use_distributed_optimizer,
-        recompute_granularity=mcfg.recompute_granularity,
-        with_reference=config.algo.beta > 0 or config.algo.ref_kl_metric,
-        seed=config.train.seed,
     )
