@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from slime_gb10.nvfp4 import NVFP4Linear, dequantize_reference, quantize_model, quantize_reference
+from slime_gb10.nvfp4 import NVFP4Linear, dequantize_reference, quantize_model, quantize_reference, w4a16
 
 pytestmark = pytest.mark.gpu
 
@@ -161,7 +161,7 @@ def test_triton_dequantize_is_bit_identical(kernels, dtype):
 )
 def test_w4a16_gemm_matches_reference_with_poisoned_output(kernels, use_asm, M, N, K):
     bias = (M + N) % 2 == 1
-    if use_asm and not kernels.asm_supported(torch.device("cuda")):
+    if use_asm and not w4a16.asm_supported(torch.device("cuda")):
         pytest.skip("the inline-PTX decoder needs sm_90+")
     g = torch.Generator(device="cuda").manual_seed(M * 1000 + N + K)
     w = torch.randn(N, K, device="cuda", generator=g) * 0.05
@@ -171,10 +171,10 @@ def test_w4a16_gemm_matches_reference_with_poisoned_output(kernels, use_asm, M, 
     w_deq = dequantize_reference(q, torch.float64)
     expected = x.double() @ w_deq.T + (b.double() if bias else 0)
     for split in (1, 3):
-        cfg = kernels.w4a16_config(M, N, K, torch.cuda.get_device_properties(0).multi_processor_count)
+        cfg = w4a16.w4a16_config(M, N, K, torch.cuda.get_device_properties(0).multi_processor_count)
         cfg["split"] = split if split == 1 else max(cfg["split"], split)
         out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
-        kernels.w4a16_matmul(x, q, b, config=cfg, use_asm=use_asm, out=out)
+        w4a16.w4a16_matmul(x, q, b, config=cfg, use_asm=use_asm, out=out)
         assert torch.isfinite(out).all(), "an output element was not written"
         err = (out.double() - expected).norm() / expected.norm()
         assert err < 1e-2, float(err)
@@ -191,7 +191,7 @@ def test_w4a16_gemm_with_large_weights_takes_the_exact_decoder(kernels, use_asm)
     assert float(q.global_scale) * 448 > 2  # the switch is exercised
     expected = x.double() @ dequantize_reference(q, torch.float64).T
     out = torch.full((8, 384), float("nan"), dtype=torch.bfloat16, device="cuda")
-    kernels.w4a16_matmul(x, q, use_asm=use_asm, out=out)
+    w4a16.w4a16_matmul(x, q, use_asm=use_asm, out=out)
     assert torch.isfinite(out).all()
     assert float((out.double() - expected).norm() / expected.norm()) < 1e-2
 
@@ -219,7 +219,7 @@ def test_wide_w4a16_matches_reference_with_poisoned_output(kernels, M, N, K, bia
     b = torch.randn(N, device="cuda", generator=g).to(torch.bfloat16) if bias else None
     q = quantize_reference(w)
     expected = x.double() @ dequantize_reference(q, torch.float64).T + (b.double() if bias else 0)
-    p = kernels.prepare_w4a16(q)
+    p = w4a16.prepare_w4a16(q)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     overrides = [
         {},
@@ -230,20 +230,20 @@ def test_wide_w4a16_matches_reference_with_poisoned_output(kernels, M, N, K, bia
     ]
     tried = set()
     for extra in overrides:
-        cfg = kernels.wide_config(M, N, K, sms, **extra)
+        cfg = w4a16.wide_config(M, N, K, sms, **extra)
         if cfg is None:
             continue
         most = max(s for s in (1, 2, 4, 8) if K % (cfg["BK"] * s) == 0)
         for split in sorted({1, cfg["split"], most}):
             cfg = {**cfg, "split": split}
             out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
-            kernels.w4a16_matmul(x, p, b, config=cfg, out=out)
+            w4a16.w4a16_matmul(x, p, b, config=cfg, out=out)
             assert torch.isfinite(out).all(), f"an output element was not written ({cfg})"
             err = float((out.double() - expected).norm() / expected.norm())
             assert err < 1e-2, (cfg, err)
             tried.add((cfg["BN"], cfg["BM"], cfg["BK"], split))
     assert len(tried) >= 3
-    got = kernels.w4a16_matmul(x, p, b)  # M > 32 on a shape it tiles: the wide kernel by itself
+    got = w4a16.w4a16_matmul(x, p, b)  # M > 32 on a shape it tiles: the wide kernel by itself
     assert float((got.double() - expected).norm() / expected.norm()) < 1e-2
 
 
@@ -255,13 +255,13 @@ def test_wide_w4a16_gives_the_same_bits_on_every_call(kernels, M):
     g = torch.Generator(device="cuda").manual_seed(M)
     q = quantize_reference(torch.randn(4096, 4096, device="cuda", generator=g) * 0.05)
     x = torch.randn(M, 4096, device="cuda", generator=g).to(torch.bfloat16)
-    p = kernels.prepare_w4a16(q)
-    cfg = kernels.wide_config(M, 4096, 4096, torch.cuda.get_device_properties(0).multi_processor_count)
+    p = w4a16.prepare_w4a16(q)
+    cfg = w4a16.wide_config(M, 4096, 4096, torch.cuda.get_device_properties(0).multi_processor_count)
     assert cfg["split"] > 1  # the split-K partials and their counter are exercised
-    first = kernels.w4a16_matmul(x, p, config=cfg)
+    first = w4a16.w4a16_matmul(x, p, config=cfg)
     expected = x.double() @ dequantize_reference(q, torch.float64).T
     assert float((first.double() - expected).norm() / expected.norm()) < 1e-2
-    outs = [kernels.w4a16_matmul(x, p, config=cfg) for _ in range(100)]
+    outs = [w4a16.w4a16_matmul(x, p, config=cfg) for _ in range(100)]
     assert all(torch.equal(out, first) for out in outs)
 
 
@@ -269,8 +269,8 @@ def test_wide_w4a16_refuses_shapes_it_cannot_tile(kernels):
     q = quantize_reference(torch.randn(96, 256, device="cuda"))
     x = torch.randn(40, 256, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="N % BN"):
-        kernels.w4a16_matmul(x, q, engine="wide")
-    out = kernels.w4a16_matmul(x, q)  # the automatic choice takes the Triton kernel instead
+        w4a16.w4a16_matmul(x, q, engine="wide")
+    out = w4a16.w4a16_matmul(x, q)  # the automatic choice takes the Triton kernel instead
     expected = x.double() @ dequantize_reference(q, torch.float64).T
     assert float((out.double() - expected).norm() / expected.norm()) < 1e-2
 
@@ -279,7 +279,7 @@ def test_w4a16_linear_falls_back_for_large_m(kernels):
     w = torch.randn(256, 512, device="cuda") * 0.05
     q = quantize_reference(w)
     x = torch.randn(2048, 512, device="cuda", dtype=torch.bfloat16)
-    out = kernels.w4a16_linear(x, q)
+    out = w4a16.w4a16_linear(x, q)
     expected = x.float() @ dequantize_reference(q, torch.bfloat16).float().T
     torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2)
 
@@ -303,9 +303,9 @@ def test_nvfp4_linear_w4a16_takes_a_fused_kernel_for_rollout_batches(kernels):
     linear = nn.Linear(4096, 4096, dtype=torch.bfloat16, device="cuda")
     fast = NVFP4Linear.from_linear(linear, backend="w4a16")
     slow = NVFP4Linear.from_linear(linear, backend="reference")
-    hopper = kernels._wgmma_engine_ok(torch.device("cuda"))
+    hopper = w4a16._wgmma_engine_ok(torch.device("cuda"))
     for m in (48, 128):
-        assert kernels.fused_is_faster(m, 4096, 4096, cuda_kernel=True, wgmma=hopper)
+        assert w4a16.fused_is_faster(m, 4096, 4096, cuda_kernel=True, wgmma=hopper)
         x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
         torch.testing.assert_close(fast(x).float(), slow(x).float(), rtol=2e-2, atol=2e-2)
 
@@ -345,7 +345,7 @@ def _w4a16_problem(kernels, M: int, N: int, K: int, bias: bool):
     b = torch.randn(N, device="cuda", generator=g).to(torch.bfloat16) if bias else None
     q = quantize_reference(w)
     expected = x.double() @ dequantize_reference(q, torch.float64).T + (b.double() if bias else 0)
-    return x, b, kernels.prepare_w4a16(q), expected
+    return x, b, w4a16.prepare_w4a16(q), expected
 
 
 def _check_tilings(launch, fits, candidates, x, b, p, expected, same_bits: bool) -> int:
@@ -433,7 +433,7 @@ def test_cuda_w4a16_matches_reference_with_poisoned_output(kernels, M, N, K, bia
     fits = lambda tiling: tiling is not None and cuda.valid(tiling, M, N, K)  # noqa: E731
     assert _check_tilings(cuda.w4a16_small, fits, candidates, x, b, p, expected, same_bits=False) >= 4
     # through the public entry point (M <= 32 picks this kernel by itself)
-    got = kernels.w4a16_matmul(x, p, b)
+    got = w4a16.w4a16_matmul(x, p, b)
     assert float((got.double() - expected).norm() / expected.norm()) < 1e-2
 
 
@@ -442,8 +442,8 @@ def test_cuda_w4a16_refuses_shapes_it_cannot_tile(kernels):
     q = quantize_reference(torch.randn(200, 256, device="cuda"))
     x = torch.randn(1, 256, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="N % 32"):
-        kernels.w4a16_matmul(x, q, engine="cuda")
-    out = kernels.w4a16_matmul(x, q)  # the automatic choice takes the Triton kernel instead
+        w4a16.w4a16_matmul(x, q, engine="cuda")
+    out = w4a16.w4a16_matmul(x, q)  # the automatic choice takes the Triton kernel instead
     expected = x.double() @ dequantize_reference(q, torch.float64).T
     assert float((out.double() - expected).norm() / expected.norm()) < 1e-2
 
@@ -489,7 +489,7 @@ def test_cuda_gemm_matches_reference_with_poisoned_output(kernels, M, N, K, bias
     ]
     fits = lambda tiling: gemm.valid(tiling, M, N, K)  # noqa: E731
     assert _check_tilings(gemm.w4a16_gemm, fits, candidates, x, b, p, expected, same_bits=True) >= 6
-    got = kernels.w4a16_matmul(x, p, b, engine="gemm")
+    got = w4a16.w4a16_matmul(x, p, b, engine="gemm")
     assert float((got.double() - expected).norm() / expected.norm()) < 1e-2
 
 
@@ -508,7 +508,7 @@ def test_w4a16_matmul_takes_the_gemm_kernel_from_9_to_64_tokens(kernels, monkeyp
         return real(*args)
 
     monkeypatch.setattr(gemm, "w4a16_gemm", spy)
-    hopper = kernels._wgmma_engine_ok(torch.device("cuda"))  # M = 33..64 goes to the wgmma kernel there
+    hopper = w4a16._wgmma_engine_ok(torch.device("cuda"))  # M = 33..64 goes to the wgmma kernel there
     for M, N, K, gemm_expected in [
         (8, 4096, 4096, False),
         (9, 4096, 4096, False),
@@ -525,7 +525,7 @@ def test_w4a16_matmul_takes_the_gemm_kernel_from_9_to_64_tokens(kernels, monkeyp
         q = quantize_reference(torch.randn(N, K, device="cuda") * 0.05)
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         launches.clear()
-        out = kernels.w4a16_matmul(x, kernels.prepare_w4a16(q))
+        out = w4a16.w4a16_matmul(x, w4a16.prepare_w4a16(q))
         assert launches == ([M] if gemm_expected else []), (M, N, K)
         expected = x.double() @ dequantize_reference(q, torch.float64).T
         assert float((out.double() - expected).norm() / expected.norm()) < 1e-2
@@ -536,10 +536,8 @@ def test_cuda_gemm_refuses_shapes_it_cannot_tile(kernels):
     q = quantize_reference(torch.randn(224, 256, device="cuda"))
     x = torch.randn(24, 256, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="N % 64"):
-        kernels.w4a16_matmul(x, q, engine="gemm")
-    out = kernels.w4a16_matmul(
-        x, q
-    )  # automatic: not the CUDA kernel either (2 K steps for 4 K-warps): Triton
+        w4a16.w4a16_matmul(x, q, engine="gemm")
+    out = w4a16.w4a16_matmul(x, q)  # automatic: not the CUDA kernel either (2 K steps for 4 K-warps): Triton
     expected = x.double() @ dequantize_reference(q, torch.float64).T
     assert float((out.double() - expected).norm() / expected.norm()) < 1e-2
 
@@ -547,7 +545,7 @@ def test_cuda_gemm_refuses_shapes_it_cannot_tile(kernels):
 def _wgmma_engine(kernels):
     from slime_gb10.nvfp4.hopper import wgmma as _cuda_wgmma
 
-    if not kernels._wgmma_engine_ok(torch.device("cuda")):
+    if not w4a16._wgmma_engine_ok(torch.device("cuda")):
         pytest.skip("the wgmma W4A16 kernel needs an sm_90 GPU (Hopper) and NVRTC")
     return _cuda_wgmma
 
@@ -590,7 +588,7 @@ def test_wgmma_matches_reference_with_poisoned_output(kernels, M, N, K, bias):
     ]
     fits = lambda tiling: wgmma.valid(tiling, M, N, K, limit)  # noqa: E731
     assert _check_tilings(wgmma.w4a16_wgmma, fits, candidates, x, b, p, expected, same_bits=True) >= 5
-    got = kernels.w4a16_matmul(x, p, b, engine="wgmma")
+    got = w4a16.w4a16_matmul(x, p, b, engine="wgmma")
     assert float((got.double() - expected).norm() / expected.norm()) < 1e-2
 
 
@@ -614,7 +612,7 @@ def test_nvrtc_kernels_read_strided_and_unaligned_activations(kernels, engine, M
     unaligned.copy_(x)
     assert strided.stride(0) == 2 * K + 128 and unaligned.data_ptr() % 16 == 2 and unaligned.is_contiguous()
     for xv in (strided, unaligned):
-        got = kernels.w4a16_matmul(xv, p, b, engine=engine)
+        got = w4a16.w4a16_matmul(xv, p, b, engine=engine)
         assert float((got.double() - expected).norm() / expected.norm()) < 1e-2, engine
 
 
@@ -654,7 +652,7 @@ def test_w4a16_linear_takes_the_wgmma_kernel_from_33_to_2048_tokens(kernels, mon
         q = weights[N, K]
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         launches.clear()
-        out = kernels.w4a16_linear(x, q, prepared=kernels.prepare_w4a16(q))
+        out = w4a16.w4a16_linear(x, q, prepared=w4a16.prepare_w4a16(q))
         assert launches == ([M] if expected_wgmma else []), (M, N, K)
         expected = x.double() @ dequantize_reference(q, torch.float64).T
         assert float((out.double() - expected).norm() / expected.norm()) < 1e-2
@@ -709,4 +707,4 @@ def test_wgmma_refuses_shapes_it_cannot_tile(kernels):
     q = quantize_reference(torch.randn(224, 256, device="cuda"))
     x = torch.randn(48, 256, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="N % 64"):
-        kernels.w4a16_matmul(x, q, engine="wgmma")
+        w4a16.w4a16_matmul(x, q, engine="wgmma")

@@ -21,7 +21,7 @@ SCRIPT = textwrap.dedent(
     """
     import json
     import torch
-    from slime_gb10.nvfp4 import kernels, quantize_reference, dequantize_reference
+    from slime_gb10.nvfp4 import kernels, w4a16, quantize_reference, dequantize_reference
 
     def same(a, b):
         return (torch.equal(a.data, b.data)
@@ -88,7 +88,7 @@ SCRIPT = textwrap.dedent(
         b = torch.randn(N, generator=g).bfloat16()
         ref = x.double() @ dequantize_reference(q, torch.float64).T + b.double()
         out = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
-        kernels.w4a16_matmul(x, q, b, config=dict(BM=16, BN=32, BK=32, split=split), use_asm=False, out=out)
+        w4a16.w4a16_matmul(x, q, b, config=dict(BM=16, BN=32, BK=32, split=split), use_asm=False, out=out)
         errors[f"{M}x{N}x{K}/{split}"] = float((out.double() - ref).norm() / ref.norm())
     for M, N, K, split in [(5, 64, 256, 2), (40, 128, 256, 1)]:  # the wide kernel, 16-token tiles
         x = torch.randn(M, K, generator=g).bfloat16()
@@ -97,7 +97,7 @@ SCRIPT = textwrap.dedent(
         ref = x.double() @ dequantize_reference(q, torch.float64).T + b.double()
         out = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
         cfg = dict(engine="wide", BN=64, BM=16, BK=128, split=split)
-        kernels.w4a16_matmul(x, q, b, config=cfg, out=out)
+        w4a16.w4a16_matmul(x, q, b, config=cfg, out=out)
         errors[f"wide {M}x{N}x{K}/{split}"] = float((out.double() - ref).norm() / ref.norm())
     results["gemm_rel_errors"] = errors
     print(json.dumps(results))

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from slime_gb10.nvfp4 import NVFP4Linear, kernels, quantize_reference
+from slime_gb10.nvfp4 import NVFP4Linear, quantize_reference, w4a16
 
 
 def e4m3_value(byte: int) -> float:
@@ -26,13 +26,13 @@ def bf16_from_code(code: int) -> float:
 
 def test_every_e4m3_scale_round_trips_exactly_through_its_code():
     scales = torch.arange(0, 0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn)
-    codes = kernels.w4a16_scale_codes(scales)
+    codes = w4a16.w4a16_scale_codes(scales)
     assert codes.dtype == torch.uint8 and codes.shape == scales.shape
     for byte, code in zip(range(0x7F), codes.tolist(), strict=True):
         expected = e4m3_value(byte) * 2.0**119
         got = bf16_from_code(code)
         if byte == 0:
-            assert code == kernels.ZERO_SCALE_CODE and got == 0.0  # -0.0: a zero block stays zero
+            assert code == w4a16.ZERO_SCALE_CODE and got == 0.0  # -0.0: a zero block stays zero
         else:
             assert got == expected, (hex(byte), code, got, expected)
             assert code <= 143  # the codes of real scales never reach the zero code
@@ -43,18 +43,18 @@ def test_every_e4m3_scale_round_trips_exactly_through_its_code():
 def test_negative_or_nan_scales_are_refused(bad):
     scales = torch.tensor([0x38, bad], dtype=torch.uint8).view(torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="finite and >= 0"):
-        kernels.w4a16_scale_codes(scales)
+        w4a16.w4a16_scale_codes(scales)
 
 
 def test_prepare_keeps_the_packed_bytes_and_checks_the_shape():
     q = quantize_reference(torch.randn(48, 64))
-    p = kernels.prepare_w4a16(q)
+    p = w4a16.prepare_w4a16(q)
     assert p.data.data_ptr() == q.data.data_ptr()  # not copied
     assert p.nbytes == q.nbytes  # same memory as the E4M3 scales it stands for
     assert torch.equal(p.global_scale, q.global_scale.reshape(1))
     flat = quantize_reference(torch.randn(2, 3, 64))
     with pytest.raises(ValueError, match="2-D weight"):
-        kernels.prepare_w4a16(flat)
+        w4a16.prepare_w4a16(flat)
 
 
 def test_nvfp4_linear_reprepares_when_its_buffers_change():
@@ -66,7 +66,7 @@ def test_nvfp4_linear_reprepares_when_its_buffers_change():
     layer.load_state_dict(other.state_dict())  # in-place copies: version counters move
     second = layer._w4a16_prepared(layer.quantized_weight())
     assert second is not first
-    assert torch.equal(second.scale_codes, kernels.w4a16_scale_codes(other.weight_scale))
+    assert torch.equal(second.scale_codes, w4a16.w4a16_scale_codes(other.weight_scale))
     layer.set_quantized_weight(quantize_reference(torch.randn(32, 64)))
     assert layer._w4a16_prepared(layer.quantized_weight()) is not second
 
@@ -254,48 +254,46 @@ def test_fused_crossover():
     and the GEMM one (N % 64) up to M = 64;
     the wide kernel on weights of >= 2**24 parameters that it tiles (N % 64, K % 128) up to M = 128
     (4096 x 4096 is 16.8 M; 896 x 4864 is 4.4 M); other weights of >= 2**25 up to M = 64."""
-    assert kernels.fused_is_faster(16, 4100, 4000)
-    assert not kernels.fused_is_faster(17, 896, 4864)
-    assert kernels.fused_is_faster(32, 4096, 4096, cuda_kernel=True)
-    assert not kernels.fused_is_faster(32, 4100, 4096, cuda_kernel=True)  # N not a multiple of 32
-    assert not kernels.fused_is_faster(32, 4096, 4000, cuda_kernel=True)  # K not a multiple of 128
-    assert not kernels.fused_is_faster(65, 896, 4864, cuda_kernel=True)  # too small for the wide kernel
-    assert kernels.fused_is_faster(64, 896, 4864, cuda_kernel=True)  # the CUDA GEMM kernel
-    assert not kernels.fused_is_faster(33, 896, 4864)  # ... which needs the CUDA kernels to run
-    assert kernels.fused_is_faster(17, 4096, 4096) and kernels.fused_is_faster(128, 4096, 4096)
-    assert kernels.fused_is_faster(17, 896, 4864, cuda_kernel=True)  # the CUDA kernel
-    assert not kernels.fused_is_faster(129, 4096, 4096)
-    assert kernels.fused_is_faster(128, 14336, 4096) and not kernels.fused_is_faster(129, 14336, 4096)
-    assert kernels.fused_is_faster(64, 4100, 8192) and not kernels.fused_is_faster(65, 4100, 8192)  # N % 64
+    assert w4a16.fused_is_faster(16, 4100, 4000)
+    assert not w4a16.fused_is_faster(17, 896, 4864)
+    assert w4a16.fused_is_faster(32, 4096, 4096, cuda_kernel=True)
+    assert not w4a16.fused_is_faster(32, 4100, 4096, cuda_kernel=True)  # N not a multiple of 32
+    assert not w4a16.fused_is_faster(32, 4096, 4000, cuda_kernel=True)  # K not a multiple of 128
+    assert not w4a16.fused_is_faster(65, 896, 4864, cuda_kernel=True)  # too small for the wide kernel
+    assert w4a16.fused_is_faster(64, 896, 4864, cuda_kernel=True)  # the CUDA GEMM kernel
+    assert not w4a16.fused_is_faster(33, 896, 4864)  # ... which needs the CUDA kernels to run
+    assert w4a16.fused_is_faster(17, 4096, 4096) and w4a16.fused_is_faster(128, 4096, 4096)
+    assert w4a16.fused_is_faster(17, 896, 4864, cuda_kernel=True)  # the CUDA kernel
+    assert not w4a16.fused_is_faster(129, 4096, 4096)
+    assert w4a16.fused_is_faster(128, 14336, 4096) and not w4a16.fused_is_faster(129, 14336, 4096)
+    assert w4a16.fused_is_faster(64, 4100, 8192) and not w4a16.fused_is_faster(65, 4100, 8192)  # N % 64
 
 
 def test_wide_config_by_hand():
     """Tiles of the wide kernel: 64 tokens and K tiles of 256 up to M = 64, else 128 and 128; split-K
     the largest of 2, 4, 8 that keeps (row tiles x token tiles x split) <= 2 x SMs, divides K into
     whole K tiles and leaves each split at least two of them."""
-    cfg = kernels.wide_config(64, 4096, 4096, 132)
+    cfg = w4a16.wide_config(64, 4096, 4096, 132)
     assert cfg == {"engine": "wide", "BN": 64, "BM": 64, "BK": 256, "split": 4, "num_stages": 3}
-    assert kernels.wide_config(24, 4096, 4096, 132)["BM"] == 32
-    assert kernels.wide_config(64, 14336, 4096, 132)["split"] == 1  # 224 row tiles already
-    big = kernels.wide_config(128, 4096, 14336, 132)
+    assert w4a16.wide_config(24, 4096, 4096, 132)["BM"] == 32
+    assert w4a16.wide_config(64, 14336, 4096, 132)["split"] == 1  # 224 row tiles already
+    big = w4a16.wide_config(128, 4096, 14336, 132)
     assert (big["BM"], big["BK"], big["split"]) == (128, 128, 4)  # 64 tiles: x4 = 256 <= 264, x8 > 264
-    assert kernels.wide_config(256, 4096, 4096, 132)["split"] == 2  # 128 tiles
-    assert kernels.wide_config(64, 4096, 4096, 48)["split"] == 1  # GB10's 48 SMs: 64 tiles x 2 > 2 x 48
-    small = kernels.wide_config(64, 896, 4864, 132)  # 14 tiles; 4864 = 19 x 256: no split into whole tiles
+    assert w4a16.wide_config(256, 4096, 4096, 132)["split"] == 2  # 128 tiles
+    assert w4a16.wide_config(64, 4096, 4096, 48)["split"] == 1  # GB10's 48 SMs: 64 tiles x 2 > 2 x 48
+    small = w4a16.wide_config(64, 896, 4864, 132)  # 14 tiles; 4864 = 19 x 256: no split into whole tiles
     assert (small["BK"], small["split"]) == (256, 1)
-    assert kernels.wide_config(128, 896, 4864, 132)["split"] == 2  # BK = 128: 4864 / 2 = 19 x 128
-    assert (
-        kernels.wide_config(64, 4100, 4096, 132) is None and kernels.wide_config(64, 4096, 4000, 132) is None
-    )
-    assert kernels.wide_config(64, 4096, 4096, 132, BN=128, BM=128, BK=64)["split"] == 8  # 32 tiles
+    assert w4a16.wide_config(128, 896, 4864, 132)["split"] == 2  # BK = 128: 4864 / 2 = 19 x 128
+    assert w4a16.wide_config(64, 4100, 4096, 132) is None and w4a16.wide_config(64, 4096, 4000, 132) is None
+    assert w4a16.wide_config(64, 4096, 4096, 132, BN=128, BM=128, BK=64)["split"] == 8  # 32 tiles
 
 
 def test_wide_kernel_choice():
     """The wide kernel is the fused kernel above M = 16 on weights of >= 2**24 parameters, and above
     M = 32 on any weight it tiles; never where it cannot tile (N % 64, K % 128)."""
-    assert not kernels.wide_is_faster(16, 4096, 4096) and kernels.wide_is_faster(17, 4096, 4096)
-    assert not kernels.wide_is_faster(32, 896, 4864) and kernels.wide_is_faster(33, 896, 4864)
-    assert not kernels.wide_is_faster(40, 4100, 4096) and not kernels.wide_is_faster(40, 4096, 4000)
+    assert not w4a16.wide_is_faster(16, 4096, 4096) and w4a16.wide_is_faster(17, 4096, 4096)
+    assert not w4a16.wide_is_faster(32, 896, 4864) and w4a16.wide_is_faster(33, 896, 4864)
+    assert not w4a16.wide_is_faster(40, 4100, 4096) and not w4a16.wide_is_faster(40, 4096, 4000)
 
 
 def test_cuda_gemm_plan():
@@ -351,17 +349,17 @@ def test_cuda_gemm_shared_memory_and_validity(monkeypatch):
 def test_cuda_gemm_choice():
     """The GEMM kernel at M = 9..16 only where N < K and N < 4096 (or K > 16384, beyond the two-tile
     plan), at M = 17..32 everywhere, at M = 33..64 except on layers with K > N of >= 2**24 weights."""
-    assert not kernels.gemm_is_faster(8, 896, 4864) and kernels.gemm_is_faster(9, 896, 4864)
-    assert kernels.gemm_is_faster(16, 1024, 4096) and kernels.gemm_is_faster(16, 1536, 8960)
+    assert not w4a16.gemm_is_faster(8, 896, 4864) and w4a16.gemm_is_faster(9, 896, 4864)
+    assert w4a16.gemm_is_faster(16, 1024, 4096) and w4a16.gemm_is_faster(16, 1536, 8960)
     for n, k in [(4096, 4096), (4096, 14336), (4096, 11008), (2048, 2048), (14336, 4096)]:
-        assert not kernels.gemm_is_faster(9, n, k) and not kernels.gemm_is_faster(16, n, k)
-        assert kernels.gemm_is_faster(17, n, k) and kernels.gemm_is_faster(32, n, k)
-    assert kernels.gemm_is_faster(16, 4096, 32768)  # no two-tile plan
-    assert kernels.gemm_is_faster(64, 4096, 4096) and not kernels.gemm_is_faster(65, 4096, 4096)
-    assert not kernels.gemm_is_faster(33, 4096, 14336)
-    assert kernels.gemm_is_faster(64, 14336, 4096)
-    assert kernels.gemm_is_faster(64, 896, 4864)  # 4.4 M weights
-    assert not kernels.gemm_is_faster(24, 4128, 4096) and not kernels.gemm_is_faster(24, 4096, 4160)
+        assert not w4a16.gemm_is_faster(9, n, k) and not w4a16.gemm_is_faster(16, n, k)
+        assert w4a16.gemm_is_faster(17, n, k) and w4a16.gemm_is_faster(32, n, k)
+    assert w4a16.gemm_is_faster(16, 4096, 32768)  # no two-tile plan
+    assert w4a16.gemm_is_faster(64, 4096, 4096) and not w4a16.gemm_is_faster(65, 4096, 4096)
+    assert not w4a16.gemm_is_faster(33, 4096, 14336)
+    assert w4a16.gemm_is_faster(64, 14336, 4096)
+    assert w4a16.gemm_is_faster(64, 896, 4864)  # 4.4 M weights
+    assert not w4a16.gemm_is_faster(24, 4128, 4096) and not w4a16.gemm_is_faster(24, 4096, 4160)
 
 
 def _source_int(pattern: str, source: str) -> list[int]:
@@ -377,7 +375,7 @@ def test_cuda_gemm_byte_decoder_constants():
     of byte b (k even in the low nibble) come out as the BF16 pair ``e2m1(code) * 2**-126`` (the
     E2M1 table, signs included: -0 for code 8), which ``mul.rn.bf16x2`` by ``s * 2**119`` turns into
     ``e2m1 * s * 2**-7``. The scale pair of every code byte is the BF16 of the scale code's E4M3 value
-    times 2**119 in both halves (the codes of :func:`kernels.w4a16_scale_codes`)."""
+    times 2**119 in both halves (the codes of :func:`w4a16.w4a16_scale_codes`)."""
     import struct
 
     from slime_gb10.nvfp4 import _cuda_gemm as gemm
@@ -400,7 +398,7 @@ def test_cuda_gemm_byte_decoder_constants():
     (shift_mul,) = _source_int(r"\* (\d+)u \+ \(\(237u << 7\) \| \(237u << 23\)\)", source)
     bias = 237 << 7
     scales = torch.arange(127, dtype=torch.uint8).view(torch.float8_e4m3fn)  # every finite E4M3 >= 0
-    codes = kernels.w4a16_scale_codes(scales)
+    codes = w4a16.w4a16_scale_codes(scales)
     for s, code in zip(scales.float().tolist(), codes.tolist(), strict=True):
         pair = (code | code << 16) * shift_mul + (bias | bias << 16)  # the byte in both halves
         expected = s * 2.0**119 if s > 0 else -0.0  # a zero scale decodes as -0.0 (ZERO_SCALE_CODE)
@@ -556,18 +554,18 @@ def test_wgmma_choice():
     """The wgmma kernel at M = 33..2048 on shapes it tiles of >= 2**24 parameters (N > K or not); on
     smaller weights up to 256 where N <= K, up to 128 where N > K; and ``fused_is_faster`` takes it
     only where it runs (sm_90)."""
-    assert not kernels.wgmma_is_faster(32, 4096, 4096) and kernels.wgmma_is_faster(33, 4096, 4096)
-    assert kernels.wgmma_is_faster(2048, 4096, 14336) and not kernels.wgmma_is_faster(2049, 4096, 14336)
-    assert kernels.wgmma_is_faster(2048, 14336, 4096) and not kernels.wgmma_is_faster(2049, 14336, 4096)
-    assert kernels.wgmma_is_faster(1024, 4096, 4096)  # N = K
-    assert kernels.wgmma_is_faster(256, 896, 4864) and not kernels.wgmma_is_faster(257, 896, 4864)
-    assert kernels.wgmma_is_faster(256, 2048, 2048) and not kernels.wgmma_is_faster(257, 2048, 2048)
-    assert kernels.wgmma_is_faster(128, 4864, 896) and not kernels.wgmma_is_faster(129, 4864, 896)
-    assert not kernels.fused_is_faster(129, 4864, 896, cuda_kernel=True, wgmma=True)  # dequantize + cuBLAS
-    assert not kernels.wgmma_is_faster(64, 4096 + 32, 4096) and not kernels.wgmma_is_faster(
+    assert not w4a16.wgmma_is_faster(32, 4096, 4096) and w4a16.wgmma_is_faster(33, 4096, 4096)
+    assert w4a16.wgmma_is_faster(2048, 4096, 14336) and not w4a16.wgmma_is_faster(2049, 4096, 14336)
+    assert w4a16.wgmma_is_faster(2048, 14336, 4096) and not w4a16.wgmma_is_faster(2049, 14336, 4096)
+    assert w4a16.wgmma_is_faster(1024, 4096, 4096)  # N = K
+    assert w4a16.wgmma_is_faster(256, 896, 4864) and not w4a16.wgmma_is_faster(257, 896, 4864)
+    assert w4a16.wgmma_is_faster(256, 2048, 2048) and not w4a16.wgmma_is_faster(257, 2048, 2048)
+    assert w4a16.wgmma_is_faster(128, 4864, 896) and not w4a16.wgmma_is_faster(129, 4864, 896)
+    assert not w4a16.fused_is_faster(129, 4864, 896, cuda_kernel=True, wgmma=True)  # dequantize + cuBLAS
+    assert not w4a16.wgmma_is_faster(64, 4096 + 32, 4096) and not w4a16.wgmma_is_faster(
         64, 4096, 4096 + 64
     )
-    assert kernels.fused_is_faster(1024, 4096, 4096, cuda_kernel=True, wgmma=True)
-    assert not kernels.fused_is_faster(1024, 4096, 4096, cuda_kernel=True)  # not on GB10 / Blackwell
-    assert kernels.fused_is_faster(2048, 4096, 4096, cuda_kernel=True, wgmma=True)
-    assert not kernels.fused_is_faster(2049, 4096, 4096, cuda_kernel=True, wgmma=True)
+    assert w4a16.fused_is_faster(1024, 4096, 4096, cuda_kernel=True, wgmma=True)
+    assert not w4a16.fused_is_faster(1024, 4096, 4096, cuda_kernel=True)  # not on GB10 / Blackwell
+    assert w4a16.fused_is_faster(2048, 4096, 4096, cuda_kernel=True, wgmma=True)
+    assert not w4a16.fused_is_faster(2049, 4096, 4096, cuda_kernel=True, wgmma=True)

@@ -16,7 +16,7 @@ import sys
 import torch
 
 from slime_gb10.nvfp4 import _cuda_w4a16 as cuda
-from slime_gb10.nvfp4 import bench, kernels
+from slime_gb10.nvfp4 import bench, w4a16
 from slime_gb10.nvfp4.format import NVFP4Tensor, dequantize_reference
 from slime_gb10.nvfp4.ops import quantize
 
@@ -26,7 +26,7 @@ def weight_copies(n: int, k: int):
     w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
     q = quantize(w)
     ps = [
-        kernels.prepare_w4a16(
+        w4a16.prepare_w4a16(
             NVFP4Tensor(q.data.clone(), q.scale.clone(), q.global_scale.clone(), q.shape, q.dtype)
         )
         for _ in range(bench._copies(q.nbytes))
@@ -113,7 +113,7 @@ for M, N, K, bias in [
 ]:
     w = torch.randn(N, K, device="cuda") * 0.05
     q = quantize(w)
-    p = kernels.prepare_w4a16(q)
+    p = w4a16.prepare_w4a16(q)
     x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
     b = torch.randn(N, device="cuda").to(torch.bfloat16) if bias else None
     ref = x.double() @ dequantize_reference(q, torch.float64).T + (b.double() if bias else 0)

@@ -16,7 +16,7 @@ import sys
 import torch
 
 from slime_gb10.nvfp4 import _cuda_gemm as gemm
-from slime_gb10.nvfp4 import bench, kernels
+from slime_gb10.nvfp4 import bench, kernels, w4a16
 from slime_gb10.nvfp4.format import NVFP4Tensor, dequantize_reference
 from slime_gb10.nvfp4.hopper import wgmma
 from slime_gb10.nvfp4.ops import quantize
@@ -32,7 +32,7 @@ def weight_copies(n: int, k: int):
     ]
     return (
         qs,
-        [kernels.prepare_w4a16(one) for one in qs],
+        [w4a16.prepare_w4a16(one) for one in qs],
         [w.clone() for _ in range(bench._copies(w.numel() * 2))],
     )
 
@@ -69,7 +69,7 @@ for M, N, K, bias in [
 ]:
     w = torch.randn(N, K, device="cuda") * 0.05
     q = quantize(w)
-    p = kernels.prepare_w4a16(q)
+    p = w4a16.prepare_w4a16(q)
     x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
     b = torch.randn(N, device="cuda").to(torch.bfloat16) if bias else None
     ref = x.double() @ dequantize_reference(q, torch.float64).T + (b.double() if bias else 0)
@@ -103,7 +103,7 @@ for n, k in TIMED_SHAPES:
         )
         t_auto = bench.graph_time(
             [
-                lambda i=i, xs=xs, qs=qs, ps=ps: kernels.w4a16_linear(xs[i % 2], qs[i], prepared=ps[i])
+                lambda i=i, xs=xs, qs=qs, ps=ps: w4a16.w4a16_linear(xs[i % 2], qs[i], prepared=ps[i])
                 for i in range(copies)
             ],
             reps,

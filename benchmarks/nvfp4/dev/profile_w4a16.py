@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from slime_gb10.nvfp4 import bench, kernels
+from slime_gb10.nvfp4 import bench, w4a16
 from slime_gb10.nvfp4.format import NVFP4Tensor
 from slime_gb10.nvfp4.ops import quantize
 
@@ -51,11 +51,11 @@ def main():
             for _ in range(copies - 1)
         ]
         xs = [torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for _ in range(2)]
-        ps = [kernels.prepare_w4a16(one) for one in qs]
+        ps = [w4a16.prepare_w4a16(one) for one in qs]
         if mode == "profile":
             for cfg in json.loads(os.environ["PROFILE_CONFIGS"]):
                 for i in range(2):
-                    kernels.w4a16_matmul(xs[0], kernels.prepare_w4a16(qs[i]), config=cfg)
+                    w4a16.w4a16_matmul(xs[0], w4a16.prepare_w4a16(qs[i]), config=cfg)
             torch.cuda.synchronize()
             continue
         ws = [w] + [w.clone() for _ in range(bench._copies(w.numel() * 2) - 1)]
@@ -66,7 +66,7 @@ def main():
             try:
                 t = bench.graph_time(
                     [
-                        lambda i=i, cfg=cfg, xs=xs, ps=ps: kernels.w4a16_matmul(xs[i % 2], ps[i], config=cfg)
+                        lambda i=i, cfg=cfg, xs=xs, ps=ps: w4a16.w4a16_matmul(xs[i % 2], ps[i], config=cfg)
                         for i in range(copies)
                     ],
                     2 * copies,

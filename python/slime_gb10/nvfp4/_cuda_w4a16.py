@@ -1,6 +1,6 @@
 """W4A16 GEMM for M <= 32 in CUDA C, compiled at run time with NVRTC (``torch.cuda._compile_kernel``).
 
-The automatic choice (``kernels.w4a16_matmul``) takes this weight-streaming kernel up to M = 16
+The automatic choice (``w4a16.w4a16_matmul``) takes this weight-streaming kernel up to M = 16
 (M = 9..16 only where N >= K or N >= 4096); above, and on the smaller K > N layers from M = 9, the
 GEMM-shaped kernel of :mod:`~slime_gb10.nvfp4._cuda_gemm` is faster (docs/nvfp4-notes.md, sessions 7 and 10).
 Both are reachable with ``engine=``.
@@ -188,7 +188,7 @@ def opt_in_shared_memory(kernel, smem: int) -> None:
 
 def check_weights(name: str, data: torch.Tensor, scale_codes: torch.Tensor) -> None:
     """The NVRTC kernels read the codes ``[N, K / 2]`` in 16-byte and the scale codes ``[N, K / 16]``
-    in 8-byte pieces, rows back to back (as :func:`~slime_gb10.nvfp4.kernels.prepare_w4a16` makes them)."""
+    in 8-byte pieces, rows back to back (as :func:`~slime_gb10.nvfp4.w4a16.prepare_w4a16` makes them)."""
     if (
         data.data_ptr() % 16
         or scale_codes.data_ptr() % 8

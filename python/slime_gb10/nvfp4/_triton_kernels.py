@@ -270,7 +270,7 @@ def decode_e2m1_pairs(packed, scale):
 
 @triton.jit
 def scale_code_to_bf16(code):
-    """BF16 ``s * 2**119`` from the kernel's scale byte (see ``kernels.w4a16_scale_codes``): every
+    """BF16 ``s * 2**119`` from the kernel's scale byte (see ``w4a16.w4a16_scale_codes``): every
     E4M3 value times 2**119 is a BF16 number with a biased exponent in 237..254 and 3 mantissa
     bits, stored as ``(exponent - 237) << 3 | mantissa``; one shift-and-add gives its bits."""
     return ((code.to(tl.int32) << 4) + (237 << 7)).to(tl.int16).to(tl.bfloat16, bitcast=True)
@@ -360,7 +360,7 @@ def w4a16_kernel(
 ):
     """out[M, N] = x[M, K] @ dequantize(W)[N, K]^T (+ bias), W streamed as packed NVFP4 bytes.
 
-    ``s_ptr``: one scale code byte per 16 weights (``kernels.w4a16_scale_codes``). Decoded weights
+    ``s_ptr``: one scale code byte per 16 weights (``w4a16.w4a16_scale_codes``). Decoded weights
     are exact (``e2m1 * s * 2**-7``, no rounding) and stay in registers: Triton loads the packed
     bytes straight into the dot-operand layout. The FP32 result is multiplied by ``gs * 2**7``.
     Grid: (M tiles x N tiles, SPLIT). With SPLIT > 1 each program writes an FP32 partial; the last

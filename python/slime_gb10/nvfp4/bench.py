@@ -64,7 +64,7 @@ LARGE_M_CONFIGS = (
 )
 
 
-#: Tile overrides tried for the wide kernel above M = 32 (``kernels.wide_config`` keywords).
+#: Tile overrides tried for the wide kernel above M = 32 (``w4a16.wide_config`` keywords).
 WIDE_CONFIGS = (
     {"BM": 32, "BK": 256},
     {"BM": 64, "BK": 128, "num_stages": 4},
@@ -246,10 +246,10 @@ def graph_times(call_lists, reps: int, replays: int = 7) -> list[float]:
 
 def _fused_calls(cfg: dict, asm: bool | None, xs, prepared) -> list:
     """One call of a fused candidate per prepared weight copy (activations alternate between two)."""
-    from slime_gb10.nvfp4 import kernels
+    from slime_gb10.nvfp4 import w4a16
 
     return [
-        lambda i=i: kernels.w4a16_matmul(xs[i % 2], prepared[i], **_call(cfg, asm))
+        lambda i=i: w4a16.w4a16_matmul(xs[i % 2], prepared[i], **_call(cfg, asm))
         for i in range(len(prepared))
     ]
 
@@ -274,8 +274,9 @@ def bench_w4a16(
     shapes=NK_SHAPES,
     tune: bool = True,
 ) -> list[dict]:
-    from slime_gb10.nvfp4 import _cuda_w4a16, kernels
+    from slime_gb10.nvfp4 import _cuda_w4a16, kernels, w4a16
     from slime_gb10.nvfp4.format import NVFP4Tensor
+    from slime_gb10.nvfp4.hopper.wgmma import WGMMA_MIN_M
     from slime_gb10.nvfp4.ops import quantize
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -289,7 +290,7 @@ def bench_w4a16(
             NVFP4Tensor(q.data.clone(), q.scale.clone(), q.global_scale.clone(), q.shape, q.dtype)
             for _ in range(n_q - 1)
         ]
-        ps = [kernels.prepare_w4a16(one) for one in qs]  # as NVFP4Linear keeps them
+        ps = [w4a16.prepare_w4a16(one) for one in qs]  # as NVFP4Linear keeps them
         n_w = _copies(w.numel() * 2)
         ws = [w] + [w.clone() for _ in range(n_w - 1)]
         reps = 2 * max(n_q, n_w)
@@ -298,7 +299,7 @@ def bench_w4a16(
         for m in m_values:
             xs = [torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for _ in range(2)]
             ref = torch.matmul(xs[0], w_deq.T).float()
-            default = kernels.w4a16_config(m, n, k, sms)
+            default = w4a16.w4a16_config(m, n, k, sms)
             candidates = [(default, True), (default, False)]
             if tune:
                 for extra in config_pool(m):
@@ -310,13 +311,13 @@ def bench_w4a16(
                     candidates.append((cfg, True))
             if m <= _cuda_w4a16.MAX_M:  # the CUDA kernel (NVRTC) where it can run
                 candidates.append(({"engine": "cuda", "BK": 128}, None))
-            if m <= 2 * kernels.GEMM_MAX_M:  # the CUDA GEMM kernel, also a little past its crossover
+            if m <= 2 * w4a16.GEMM_MAX_M:  # the CUDA GEMM kernel, also a little past its crossover
                 candidates.append(({"engine": "gemm", "BK": 128}, None))
-            if m > kernels.WGMMA_MIN_M and kernels._wgmma_engine_ok(xs[0].device):  # sm_90: the wgmma kernel
+            if m > WGMMA_MIN_M and w4a16._wgmma_engine_ok(xs[0].device):  # sm_90: the wgmma kernel
                 candidates.append(({"engine": "wgmma", "BK": 128}, None))
-            if m > kernels.FUSED_MAX_M:  # the wide kernel: its default, then a few other tiles
+            if m > w4a16.FUSED_MAX_M:  # the wide kernel: its default, then a few other tiles
                 for extra in ({},) + (WIDE_CONFIGS if tune else ()):
-                    cfg = kernels.wide_config(m, n, k, sms, **extra)
+                    cfg = w4a16.wide_config(m, n, k, sms, **extra)
                     if cfg is not None and cfg not in [c for c, _ in candidates]:
                         candidates.append((cfg, None))
             best = None
@@ -325,7 +326,7 @@ def bench_w4a16(
                 if k % cfg["BK"]:
                     continue
                 try:
-                    out = kernels.w4a16_matmul(xs[0], ps[0], **_call(cfg, asm))
+                    out = w4a16.w4a16_matmul(xs[0], ps[0], **_call(cfg, asm))
                     err = float((out.float() - ref).norm() / ref.norm())
                     if not err < 2e-2:
                         errors.append(f"asm={asm} {cfg}: rel err {err:.3g}")
@@ -350,7 +351,7 @@ def bench_w4a16(
                     for i in range(n_q)
                 ],
                 [
-                    lambda i=i, xs=xs, qs=qs, ps=ps: kernels.w4a16_linear(xs[i % 2], qs[i], prepared=ps[i])
+                    lambda i=i, xs=xs, qs=qs, ps=ps: w4a16.w4a16_linear(xs[i % 2], qs[i], prepared=ps[i])
                     for i in range(n_q)
                 ],
             ]

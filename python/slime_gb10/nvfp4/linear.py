@@ -4,7 +4,7 @@
   the Random Hadamard Transform is disabled and the weight-gradient GEMM stays BF16 (TE #2372).
 * ``w4a16``: packed NVFP4 weights (4.5 bits/param), forward through a fused dequantize+GEMM
   kernel on any CUDA GPU (CUDA kernels compiled with NVRTC on sm_90+, Triton elsewhere:
-  :func:`~slime_gb10.nvfp4.kernels.w4a16_linear`); for large M (where the fused kernels lose) it
+  :func:`~slime_gb10.nvfp4.w4a16.w4a16_linear`); for large M (where the fused kernels lose) it
   dequantizes and calls cuBLAS by itself. Inference only (no weight gradient).
 * ``qat``: high-precision master weights, fake-quantized in the forward (optionally the input
   too) with a straight-through estimator; trains on any device.
@@ -334,24 +334,24 @@ class NVFP4Linear(nn.Module):
         return F.linear(x, self.dequantized_weight(x.dtype), self._bias(x.dtype))
 
     def _forward_w4a16(self, x: torch.Tensor) -> torch.Tensor:
-        from slime_gb10.nvfp4 import kernels
+        from slime_gb10.nvfp4 import kernels, w4a16
 
         if not (x.is_cuda and kernels.triton_available()):
             return self._forward_reference(x)
         x = self._maybe_quantize_input(x)
         q = self.quantized_weight()
-        return kernels.w4a16_linear(x, q, self._bias(x.dtype), prepared=self._w4a16_prepared(q))
+        return w4a16.w4a16_linear(x, q, self._bias(x.dtype), prepared=self._w4a16_prepared(q))
 
     def _w4a16_prepared(self, q: NVFP4Tensor):
-        """``kernels.prepare_w4a16(q)``, kept while the packed buffers are the same tensors, unmodified
+        """``w4a16.prepare_w4a16(q)``, kept while the packed buffers are the same tensors, unmodified
         (keyed on their storage and version counters: ``load_state_dict``, ``set_quantized_weight``,
         ``.to()`` and in-place edits all invalidate it). Costs 1 byte per 16 weights."""
-        from slime_gb10.nvfp4 import kernels
+        from slime_gb10.nvfp4 import w4a16
 
         key = tuple((t.data_ptr(), t._version) for t in (self.weight, self.weight_scale, self.weight_scale_2))
         cached = getattr(self, "_w4a16_cache", None)
         if cached is None or cached[0] != key:
-            cached = (key, kernels.prepare_w4a16(q))
+            cached = (key, w4a16.prepare_w4a16(q))
             self._w4a16_cache = cached
         return cached[1]
 
