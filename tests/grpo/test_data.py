@@ -89,9 +89,57 @@ def test_malformed_json_names_line():
 
 def test_gsm8k_answer_without_marker():
     with pytest.raises(
-        DatasetError, match=r"record 2: GSM8K answer 'The answer is 4.' has no '#### <answer>'"
+        DatasetError,
+        match=r"gsm8k_no_marker\.jsonl:2: GSM8K answer 'The answer is 4.' has no '#### <answer>'",
     ):
         load_prompt_dataset(DATA / "gsm8k_no_marker.jsonl", layout="gsm8k")
+
+
+def _write_lines(path, rows):
+    """A JSONL file of ``rows``: a dict is one record, a str is written as it is (a blank line...)."""
+    path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
+    return path
+
+
+GOOD = {"question": "What is 1 + 1?", "answer": "1 + 1 = 2\n#### 2"}
+
+
+@pytest.mark.parametrize(
+    ("bad", "problem"),
+    [
+        ({"question": "What is 2 + 2?", "answer": "It is four.\n#### four"}, "no number after '####'"),
+        ({"question": "What is 2 + 2?", "answer": "#### n/a"}, "no completion can ever be rewarded"),
+        ({"question": "What is 2 + 2?"}, "the record lacks column 'question' or 'answer'"),
+        ({"question": "  ", "answer": "#### 4"}, "column 'question' must be a non-empty string"),
+    ],
+)
+def test_a_bad_jsonl_record_is_named_by_file_and_line(tmp_path, bad, problem):
+    """Blank lines make the line differ from the record number: the error names the line, a
+    record that no completion could ever be rewarded for (no number after ####) is refused."""
+    path = _write_lines(tmp_path / "train.jsonl", [GOOD, "", GOOD, "   ", bad, GOOD])
+    with pytest.raises(DatasetError) as info:
+        load_prompt_dataset(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}:5: ") and problem in message and "\n" not in message, message
+    assert "record 4" not in message  # the 4th record, on line 5
+
+
+def test_records_without_lines_are_named_by_record_number(tmp_path):
+    """A JSON array, a CSV file (a quoted field may span lines) and Parquet name the 1-based record."""
+    records = [GOOD, {"question": "What is 2 + 2?", "answer": "#### ?"}]
+    (tmp_path / "d.json").write_text(json.dumps(records))
+    with pytest.raises(
+        DatasetError, match=r"d\.json: record 2: GSM8K answer ends in '#### \?' with no number"
+    ):
+        load_prompt_dataset(tmp_path / "d.json")
+    (tmp_path / "d.csv").write_text('question,answer\n"What is\n1 + 1?","#### 2"\nWhat is 2 + 2?,#### ?\n')
+    with pytest.raises(DatasetError, match=r"d\.csv: record 2: GSM8K answer ends in '#### \?'"):
+        load_prompt_dataset(tmp_path / "d.csv")
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.Table.from_pylist(records), tmp_path / "d.parquet")
+    with pytest.raises(DatasetError, match=r"d\.parquet: record 2: GSM8K answer ends in '#### \?'"):
+        load_prompt_dataset(tmp_path / "d.parquet")
 
 
 def test_other_errors(tmp_path):
@@ -106,7 +154,7 @@ def test_other_errors(tmp_path):
         load_prompt_dataset(bad)
     empty_prompt = tmp_path / "e.jsonl"
     empty_prompt.write_text(json.dumps({"prompt": "  ", "ground_truth": "1"}) + "\n")
-    with pytest.raises(DatasetError, match="record 1: column 'prompt' must be a non-empty string"):
+    with pytest.raises(DatasetError, match=r"e\.jsonl:1: column 'prompt' must be a non-empty string"):
         load_prompt_dataset(empty_prompt)
     with pytest.raises(DatasetError, match="limit must be positive"):
         load_prompt_dataset(DATA / "generic_tiny.jsonl", limit=0)

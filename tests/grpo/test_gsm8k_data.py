@@ -119,3 +119,23 @@ def test_easy_first_needs_a_difficulty(tmp_path):
     f.write_text(json.dumps({"prompt": "2+2?", "ground_truth": "4"}) + "\n")
     with pytest.raises(data.DatasetError, match="easy_first needs a difficulty"):
         data.PromptSampler(data.load_prompt_dataset(f), batch_size=1, order="easy_first")
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "problem"),
+    [
+        ('{"question": "How many?", "answer": "Nobody knows.\\n#### unknown"}', "no number after '####'"),
+        ('{"question": "How many?"}', "the record lacks column 'question' or 'answer'"),
+    ],
+)
+def test_a_corrupted_line_of_the_real_test_file_is_named_by_its_line(gsm8k_dir, tmp_path, corrupt, problem):
+    """GSM8K's 1,319 test records, a blank line, then one corrupted record: the error names line 1321
+    (the 1,320th record), and a record no completion could ever be rewarded for is refused."""
+    path = tmp_path / "test.jsonl"
+    text = (gsm8k_dir / "test.jsonl").read_text()
+    assert len(text.splitlines()) == 1319 and text.endswith("\n")
+    path.write_text(text + "\n" + corrupt + "\n")
+    with pytest.raises(data.DatasetError) as info:
+        data.load_prompt_dataset(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}:1321: ") and problem in message and "\n" not in message, message

@@ -1,6 +1,7 @@
 """One run per directory: a fresh run never mixes into an old one, two processes never write one
-run, a run that fails on bad input leaves nothing behind, outputs follow the umask, and a
-checkpoint that carries code is refused through the real CLI."""
+run, a run that fails on bad input leaves nothing behind, one that died before its first checkpoint
+is started over (not "resumed"), outputs follow the umask, and a checkpoint that carries code is
+refused through the real CLI."""
 
 from __future__ import annotations
 
@@ -66,6 +67,37 @@ def test_a_fresh_run_into_a_used_directory_is_refused_then_overwritten(tmp_path,
     assert steps_of(run) == [1, 2] and "seed: 7" in (run / "config.yaml").read_text()
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000001", "step-000002"]
     assert_clean_error(invoke("train", "--resume", str(run), "--overwrite"), "--overwrite")
+
+
+def test_a_run_that_died_before_its_first_checkpoint_is_started_over_not_resumed(
+    tmp_path, tiny_dir, monkeypatch
+):
+    """Issue #41: a fresh run into it said "continue with --resume", and --resume then said "no
+    checkpoint". Both now say it holds a run with no checkpoint and name --overwrite --output DIR."""
+    from slime_gb10.grpo import rewards
+
+    def broken(completion: str, truth: str) -> float:
+        raise KeyError("no such field")
+
+    monkeypatch.setitem(rewards.REWARDS, "broken", broken)
+    run = tmp_path / "run"
+    died = tiny_run(tiny_dir, run, "--reward", "broken", "--set", "data.max_failed_reward_steps=1")
+    assert_clean_error(died, "reward broken failed")  # in step 1, before any checkpoint
+    assert (run / "config.yaml").is_file() and not list((run / "checkpoints").glob("step-*"))
+    config_before = (run / "config.yaml").read_text()
+    fresh = tiny_run(tiny_dir, run)
+    assert_clean_error(
+        fresh, f"'{run}' already holds a run with no checkpoint", f"--overwrite --output {run}"
+    )
+    assert "--resume" not in fresh.output
+    resumed = invoke("train", "--resume", str(run), "--no-progress")
+    assert_clean_error(
+        resumed, f"'{run}' holds a run with no checkpoint", f"`slime-gb10 train --overwrite --output {run}`"
+    )
+    assert (run / "config.yaml").read_text() == config_before  # neither touched the old run
+    result = tiny_run(tiny_dir, run, "--overwrite")  # the advice works
+    assert result.exit_code == 0, result.output
+    assert steps_of(run) == [1, 2]
 
 
 def test_two_processes_cannot_write_one_run(tmp_path):

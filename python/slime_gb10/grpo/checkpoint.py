@@ -221,7 +221,8 @@ def load_for_resume(target: str | Path) -> tuple[Path, dict, dict]:
     if not found:
         raise CheckpointError(
             f"--resume: no checkpoint under '{target / CHECKPOINT_DIR}' (a run writes one every "
-            "output.checkpoint_every steps, at the end and on Ctrl-C, SIGTERM or SIGHUP)"
+            "output.checkpoint_every steps, at the end and on Ctrl-C, SIGTERM or SIGHUP); check the path, "
+            f"or start a run there with `slime-gb10 train --output {target}`"
         )
     errors = []
     for _, path in reversed(found):

