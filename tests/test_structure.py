@@ -1,5 +1,6 @@
 """The package's structure: no import cycle (lazy imports inside functions count too), no file over
-~700 lines, no markdown inside the package, no CUDA C in Python strings."""
+600 lines (the few still over it named, each with the most it may have), no markdown inside the
+package, no CUDA C in Python strings."""
 
 from __future__ import annotations
 
@@ -90,3 +91,21 @@ def test_nvfp4_exports_everything_it_lists_and_the_doctor_loads_no_torch():
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert out.stdout.strip() == "False"  # the doctor probes torch in children only
+
+
+# The cap a newcomer can read a file under (issue #38), and the files still over it, each capped at
+# its size today so that it can only shrink: the trainer until it is thin (#38 step 2), the config
+# until its sections move beside what they configure.
+LINE_CAP = 600
+OVER_THE_CAP = {"grpo/trainer.py": 640, "grpo/config.py": 620}
+
+
+def test_no_package_file_over_the_line_cap():
+    sizes = {
+        str(f.relative_to(PACKAGE)): len(f.read_text(encoding="utf-8").splitlines())
+        for f in PACKAGE.rglob("*.py")
+    }
+    over = {name: n for name, n in sizes.items() if n > OVER_THE_CAP.get(name, LINE_CAP)}
+    assert not over, f"files over the {LINE_CAP}-line cap: {over}"
+    # an exception that is no longer needed goes from the list
+    assert all(sizes.get(name, 0) > LINE_CAP for name in OVER_THE_CAP), OVER_THE_CAP

@@ -159,6 +159,47 @@ def test_over_long_prompts_are_left_out_not_fatal(tmp_path, tiny_dir):
     assert result.exit_code == 1 and "every training prompt is longer" in result.output
 
 
+def test_prompt_and_completion_beyond_the_model_positions_are_refused_before_the_run(
+    tmp_path, tokenizer, monkeypatch
+):
+    """Issue #41: a model with fewer positions than rollout.max_prompt_tokens + rollout.max_new_tokens
+    crashed mid-run (learned positions) and left a run with no checkpoint; now one line, up front."""
+    from slime_gb10.grpo import registry
+    from slime_gb10.grpo.config import ConfigError, build_config
+
+    short = write_random_model(tmp_path / "short", tokenizer, max_position_embeddings=64)
+    monkeypatch.setattr(registry, "build_pair", lambda *a: pytest.fail("the model was loaded"))
+    result = invoke(
+        "train", "--model", str(short), "--output", str(tmp_path / "run"), "--device", "cpu", "--steps", "1",
+        "--prompts-per-step", "1", "--group-size", "2", "--eval-every", "0", "--no-progress",
+    )  # fmt: skip
+    assert result.exit_code == 1, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1, result.output
+    for needle in ("rollout.max_prompt_tokens=256", "rollout.max_new_tokens=32", "64 positions"):
+        assert needle in errors[0], errors[0]
+    assert not (tmp_path / "run").exists()  # refused before the run: nothing left to block the directory
+    # the limit itself fits; the eval budget counts too when it is longer
+    fits = {"model.name_or_path": str(short), "rollout.max_prompt_tokens": 32, "rollout.max_new_tokens": 32}
+    models.check_context_fits(build_config(None, fits))
+    with pytest.raises(ConfigError, match=r"rollout.max_prompt_tokens=33 \+ rollout.max_new_tokens=32 = 65"):
+        models.check_context_fits(build_config(None, {**fits, "rollout.max_prompt_tokens": 33}))
+    with pytest.raises(ConfigError, match=r"eval.max_new_tokens=40 = 72 tokens .* 64 positions"):
+        models.check_context_fits(build_config(None, {**fits, "eval.max_new_tokens": 40}))
+
+
+def test_greedy_rollouts_are_refused_and_greedy_eval_is_not(tmp_path, tiny_dir):
+    """rollout.temperature=0 makes every group's samples the same (zero variance by construction)."""
+    result = invoke("train", "--temperature", "0", "--print-config")
+    assert result.exit_code == 1 and "rollout.temperature=0" in result.output, result.output
+    assert "rollout.temperature > 0" in result.output
+    result = invoke(
+        "eval", "--model", str(tiny_dir), "--device", "cpu", "--num-prompts", "2", "--max-new-tokens", "2",
+        "--temperature", "0", "--k", "2",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+
+
 def test_missing_reporter_package_fails_before_loading_models(tmp_path, monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(

@@ -120,3 +120,15 @@ def test_train_help_lists_every_setting_with_its_description():
         assert f" {key} " in help_text, key
         first_words = " ".join(field.description.split()[:6])
         assert words(f"{key} {first_words}") in help_text, (key, first_words)
+
+
+def test_greedy_rollouts_are_refused_at_validation_and_eval_temperature_is_its_own():
+    """rollout.temperature=0 gives every sample of a group the same completion: zero reward variance
+    in every group by construction, so GRPO would never update (issue #41)."""
+    for source in ({"sets": ["rollout.temperature=0"]}, {"overrides": {"rollout.temperature": 0.0}}):
+        with pytest.raises(ConfigError) as info:
+            build_config(**source)
+        message = str(info.value)
+        assert "rollout.temperature=0" in message and "set rollout.temperature > 0" in message
+    assert build_config(sets=["rollout.temperature=0.05"]).rollout.temperature == 0.05
+    assert build_config(sets=["eval.temperature=0"]).eval.temperature == 0.0  # greedy eval: fine

@@ -8,6 +8,7 @@ command on one process with the same global batch.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -142,3 +143,117 @@ def test_check_launch_and_shard():
     assert [DistContext(rank=r, world_size=3).shard(items) for r in range(3)] == [[0, 1], [2, 3], [4, 5]]
     assert DistContext().shard(items) == items and DistContext().sum([1.5]) == [1.5]
     assert DistContext().gather("x") == ["x"]
+
+
+# ------------------------------------------------------------------------ ranks agree or refuse (#41)
+# torchrun launches one command on every rank; this wrapper makes a rank differ through the
+# environment (LOCAL_RANK): it appends the rank's own arguments from $PER_RANK, or (``"hang"``) makes
+# its steps sleep forever, then runs the real CLI. Each rank's stdout+stderr goes to its own file
+# (torchrun's own report of a failed child is a traceback of the launcher: not the ranks' output).
+RANK_WRAPPER = """
+import json, os, runpy, sys, time
+rank = os.environ["LOCAL_RANK"]
+mine = json.loads(os.environ["PER_RANK"]).get(rank, {})
+logs = os.environ["RANK_LOGS"]
+out = open(os.path.join(logs, f"rank{rank}.log"), "w")
+os.dup2(out.fileno(), 1)
+os.dup2(out.fileno(), 2)
+if mine.get("hang"):
+    from slime_gb10.grpo.trainer import GRPOTrainer
+    GRPOTrainer.train_step = lambda self: time.sleep(3600)
+sys.argv = ["slime-gb10", *sys.argv[1:], *mine.get("args", [])]
+code = 1
+try:
+    runpy.run_module("slime_gb10", run_name="__main__")
+    code = 0
+except SystemExit as exc:
+    code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    raise
+finally:
+    with open(os.path.join(logs, f"rank{rank}.exit"), "w") as f:
+        f.write(str(code))
+"""
+
+
+def train_per_rank(model_dir, tmp_path, per_rank: dict, *extra) -> tuple[subprocess.CompletedProcess, dict]:
+    """Two ranks under torchrun through RANK_WRAPPER; the launcher's result and, per rank, its
+    ``{"log": its output, "exit": its exit status}`` (None where it was killed before exiting)."""
+    wrapper, logs = tmp_path / "rank_wrapper.py", tmp_path / "rank_logs"
+    wrapper.write_text(RANK_WRAPPER)
+    logs.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PER_RANK": json.dumps(per_rank), "RANK_LOGS": str(logs)}  # fmt: skip
+    env.pop("WORLD_SIZE", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
+           f"--master-port={_free_port()}", str(wrapper), "train", "--model", str(model_dir),
+           "--output", str(tmp_path / "run"), *ARGS, *extra]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    ranks = {}
+    for rank in (0, 1):
+        exit_file = logs / f"rank{rank}.exit"
+        ranks[rank] = {
+            "log": (logs / f"rank{rank}.log").read_text(),
+            "exit": int(exit_file.read_text()) if exit_file.exists() else None,
+        }
+    return proc, ranks
+
+
+def error_lines(log: str) -> list[str]:
+    """The CLI's one-line errors (click prints ``Error: <message>``)."""
+    return [line for line in log.splitlines() if line.startswith("Error: ")]
+
+
+def test_ranks_launched_with_different_settings_all_refuse_naming_the_setting(model_dir, tmp_path):
+    """Today's code trains rank 1 with another learning rate (the ranks' weights drift apart) and
+    exits 0 on both ranks: no refusal, no message."""
+    proc, ranks = train_per_rank(
+        model_dir, tmp_path, {"1": {"args": ["--set", "train.lr=2e-2"]}}, "--steps", "1"
+    )
+    assert proc.returncode != 0
+    for rank in (0, 1):
+        log = ranks[rank]["log"]
+        assert ranks[rank]["exit"] == 1, log[-3000:]
+        assert error_lines(log) == [
+            "Error: ranks disagree on their settings: train.lr is 0.01 on rank 0 and 0.02 on rank 1; "
+            "launch every rank with the same command"
+        ], log[-3000:]
+        assert "Traceback" not in log and "Loading weights" not in log
+    assert not (tmp_path / "run").exists()  # refused before rank 0 opened the run directory
+
+
+def test_ranks_with_different_data_all_refuse_naming_the_data(model_dir, tmp_path):
+    """Today's code trains each rank on its own file's prompts (a different global batch on each
+    rank) and exits 0: no refusal."""
+    files = {}
+    for rank in (0, 1):
+        files[rank] = tmp_path / f"prompts_{rank}.jsonl"
+        rows = [{"prompt": f"What is {i} + {rank}?", "ground_truth": str(i + rank)} for i in range(4)]
+        files[rank].write_text("".join(json.dumps(row) + "\n" for row in rows))
+    per_rank = {str(rank): {"args": ["--data", str(path)]} for rank, path in files.items()}
+    proc, ranks = train_per_rank(model_dir, tmp_path, per_rank, "--steps", "1")
+    assert proc.returncode != 0
+    for rank in (0, 1):
+        log = ranks[rank]["log"]
+        assert ranks[rank]["exit"] == 1, log[-3000:]
+        assert error_lines(log) == [
+            f"Error: ranks disagree on their data: the training examples differ between rank 0 "
+            f"(data.path='{files[0]}', 4 examples) and rank 1 (data.path='{files[1]}', 4 examples); "
+            "give every rank the same data"
+        ], log[-3000:]
+        assert "Traceback" not in log and "Loading weights" not in log
+
+
+def test_a_rank_that_hangs_ends_the_job_with_one_line_naming_the_timeout_and_the_rank(model_dir, tmp_path):
+    """Rank 1 sleeps in its first step; rank 0 waits train.dist_timeout_s in the step's first
+    collective. Today's code: rank 0 dies of gloo's RuntimeError ("Timed out waiting 10000ms for
+    recv operation"), a traceback naming neither the setting nor the rank."""
+    proc, ranks = train_per_rank(
+        model_dir, tmp_path, {"1": {"hang": True}}, "--steps", "1", "--set", "train.dist_timeout_s=10"
+    )
+    assert proc.returncode != 0
+    log = ranks[0]["log"]
+    assert ranks[0]["exit"] == 1, log[-3000:]
+    [line] = error_lines(log)
+    assert line.startswith("Error: rank 1 did not answer within train.dist_timeout_s=10 s ("), line
+    assert "raise train.dist_timeout_s if a step" in line
+    assert "Traceback" not in log, log[-3000:]

@@ -190,6 +190,16 @@ class RolloutConfig(_Section):
         _check_stop_regexes(self.stop_regex, "rollout.stop_regex")
         return self
 
+    @model_validator(mode="after")
+    def _groups_can_differ(self) -> RolloutConfig:
+        if self.temperature == 0 and self.group_size > 1:
+            raise ValueError(
+                f"rollout.temperature=0 decodes greedily, so the {self.group_size} samples of every group "
+                "are the same and no group has a reward spread to learn from; set rollout.temperature > 0 "
+                "(e.g. --temperature 1.0); greedy evaluation needs nothing here (eval's pass@1 is greedy)"
+            )
+        return self
+
 
 class TrainConfig(_Section):
     steps: int = Field(
@@ -231,6 +241,13 @@ class TrainConfig(_Section):
     seed: int = Field(default=0, description="Seed of the data order, the sampling and the weights' init.")
     deterministic: bool = Field(
         default=False, description="torch.use_deterministic_algorithms (bit-exact resume tests on a CPU)."
+    )
+    memory_budget_gib: float | None = Field(
+        default=None,
+        ge=0,
+        description="GiB this run may use: a run whose estimated peak (grpo/memory_plan.py) exceeds 90% of "
+        "it is refused before any weights load; unset: what is free (MemAvailable on unified memory "
+        "such as a GB10 and on a CPU, the GPU's free memory on a discrete GPU); 0: no check.",
     )
 
 

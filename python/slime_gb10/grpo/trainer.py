@@ -30,10 +30,9 @@ from pathlib import Path
 
 import torch
 
-from slime_gb10.grpo import interrupts
+from slime_gb10.grpo import distributed, interrupts
 from slime_gb10.grpo.batching import Sample, collate, split_microbatches
 from slime_gb10.grpo.config import GRPOConfig
-from slime_gb10.grpo.distributed import DistContext
 from slime_gb10.grpo.interfaces import Generation, SamplingParams
 from slime_gb10.grpo.interrupts import TrainingInterrupted  # noqa: F401  (the CLI's and tests' name)
 from slime_gb10.grpo.metrics import NullLogger, eval_summary, progress_fields, step_row
@@ -80,7 +79,7 @@ class GRPOTrainer:
         self._mid_step = False  # inside a step's update..log: memory is not a step boundary
         self._failed_reward_steps = 0  # consecutive steps whose every reward failed
         self._run = None  # the locked run directory (rundir.RunDirectory), from setup() to close()
-        self.dist = DistContext()  # rank and world size under torchrun (distributed.init in setup)
+        self.dist = distributed.DistContext()  # rank and world size under torchrun (set in setup)
 
     # ------------------------------------------------------------------ setup
     def setup(self, resume: bool | str | Path = False, *, overwrite: bool = False) -> None:
@@ -91,7 +90,6 @@ class GRPOTrainer:
         in the directory (without it, a fresh run into a used directory is refused). If setup
         fails, a directory it created is removed again.
         """
-        from slime_gb10.grpo import distributed
         from slime_gb10.grpo.rundir import open_run_dir
         from slime_gb10.utils.atomic import OutputPathError
 
@@ -114,7 +112,7 @@ class GRPOTrainer:
 
     def _setup(self, resume: bool | str | Path) -> None:
         from slime_gb10.grpo import checkpoint as ckpt
-        from slime_gb10.grpo import registry
+        from slime_gb10.grpo import memory_plan, registry
         from slime_gb10.grpo.metrics import (
             METRICS_FILE,
             SAMPLES_FILE,
@@ -122,15 +120,14 @@ class GRPOTrainer:
             require_reporter,
             truncate_after,
         )
-        from slime_gb10.grpo.models import load_tokenizer, resolve_model_path
+        from slime_gb10.grpo.models import check_context_fits, load_tokenizer, resolve_model_path
         from slime_gb10.grpo.rewards import get_reward
         from slime_gb10.utils.atomic import atomic_write_text
 
         cfg = self.config
         resumed = None
         if resume:  # read the checkpoint (as data) before loading any model: fail early
-            target = self.run_dir if resume is True else Path(resume)
-            resumed = ckpt.load_for_resume(target)
+            resumed = ckpt.load_for_resume(self.run_dir if resume is True else Path(resume))
         require_reporter(cfg.output.report_to)
         torch.manual_seed(cfg.train.seed)
         if cfg.train.deterministic:
@@ -143,6 +140,8 @@ class GRPOTrainer:
             )
         self.prompts = PromptEncoder.from_config(self.tokenizer, cfg)
         if self.engine is None or self.backend is None:
+            check_context_fits(cfg)  # before any weights load: a too long sequence would crash mid-run
+            memory_plan.check_run(self)  # the estimated peak must fit the free memory (issue #41)
             self.engine, self.backend, self.choice, self.device = registry.build_pair(cfg, self.tokenizer)
         self._build_sampler()
         self.device = self.device or getattr(self.backend, "device", torch.device("cpu"))
@@ -191,7 +190,8 @@ class GRPOTrainer:
 
     def _build_data(self) -> None:
         cfg = self.config.data
-        self._train_source, self.eval_examples = load_splits(cfg, self.config.train.seed)
+        splits = load_splits(cfg, self.config.train.seed)  # the same on every rank, or all refuse
+        self._train_source, self.eval_examples = self.dist.agreed_data(cfg, splits)
         if isinstance(self._train_source, list) and not self._train_source:
             raise DataError(
                 f"no training prompts left in '{cfg.path}' after holding out {cfg.eval_size} for eval"

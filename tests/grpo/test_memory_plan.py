@@ -1,0 +1,324 @@
+"""The memory plan (issue #41): the parts of the estimate against hand-derived numbers and real
+``transformers`` models, the budget's sources (MemAvailable on unified memory, the GPU's free memory
+on a discrete GPU), the refusal through the real CLI (one line, nothing left behind) and the logged
+plan; on a GPU, the estimate against a short real run's measured peak."""
+
+from __future__ import annotations
+
+import logging
+import types
+
+import pytest
+import torch
+import transformers
+from click.testing import CliRunner
+
+from slime_gb10.cli import main
+from slime_gb10.grpo import memory_plan as mp
+from slime_gb10.grpo.config import ConfigError, build_config
+from slime_gb10.grpo.models import write_random_model
+from slime_gb10.grpo.rundir import run_outputs
+
+# hidden 64, 2 layers, 4 heads of 16, 2 KV heads, MLP 128 (models.random_model_config's defaults)
+H, LAYERS, HEADS, KV_HEADS, HEAD_DIM, MLP, VOCAB = 64, 2, 4, 2, 16, 128, 1000
+
+
+def llama(**extra):
+    sizes = dict(
+        hidden_size=H, num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+        intermediate_size=MLP, vocab_size=VOCAB, tie_word_embeddings=True,
+    )  # fmt: skip
+    return transformers.LlamaConfig(**{**sizes, **extra})
+
+
+def real_params(hf_config) -> int:
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(hf_config)
+    return sum(p.numel() for p in model.parameters())  # a tied LM head counted once
+
+
+def config(**overrides):
+    base = {"eval.every": 0, "eval.at_end": False}
+    return build_config(overrides={**base, **overrides})
+
+
+# ------------------------------------------------------------------- parameters and the resident parts
+def test_tiny_llama_by_hand():
+    # embedding V h; per layer q h*h, k and v h*(2*16) each, o h*h, gate/up/down 3*h*MLP, two norms 2h;
+    # the final norm h; tied head
+    per_layer = H * H + 2 * H * (KV_HEADS * HEAD_DIM) + H * H + 3 * H * MLP + 2 * H
+    by_hand = VOCAB * H + LAYERS * per_layer + H
+    assert by_hand == real_params(llama()) == 138_048
+    plan = mp.estimate(config(), llama(), device="cpu")
+    assert plan.params == by_hand
+    assert plan.parts["trainer weights"] == 4 * by_hand  # FP32 master weights
+    assert plan.parts["AdamW states"] == 8 * by_hand  # two FP32 moments
+    assert plan.parts["gradients"] == 4 * by_hand  # FP32
+    assert plan.parts["rollout weights"] == 4 * by_hand  # the engine's copy, FP32 on a CPU
+    gpu = mp.estimate(config(), llama(), device="cuda")
+    assert gpu.parts["rollout weights"] == 2 * by_hand  # BF16 on a GPU
+    assert gpu.parts["overhead"] == 2**29  # CUDA context
+    assert "overhead" not in plan.parts
+    fp32 = mp.estimate(config(**{"model.precision": "float32"}), llama(), device="cuda")
+    assert fp32.parts["rollout weights"] == 4 * by_hand and "BF16 weight casts" not in fp32.parts
+
+
+@pytest.mark.parametrize(
+    "hf_config",
+    [
+        llama(),
+        llama(tie_word_embeddings=False),
+        llama(attention_bias=True, mlp_bias=True),
+        transformers.Qwen2Config(
+            hidden_size=H, num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+            intermediate_size=MLP, vocab_size=VOCAB, tie_word_embeddings=True,
+        ),
+        transformers.Qwen3Config(
+            hidden_size=H, num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+            head_dim=32, intermediate_size=MLP, vocab_size=VOCAB, tie_word_embeddings=False,
+        ),
+    ],
+    ids=["llama", "llama-untied", "llama-biases", "qwen2", "qwen3-head-dim-32"],
+)  # fmt: skip
+def test_parameter_count_is_the_real_models(hf_config):
+    n = real_params(hf_config)
+    assert mp.parameter_count(mp.Shapes.from_hf(hf_config)) == n
+    plan = mp.estimate(config(), hf_config, device="cuda")
+    assert plan.parts["trainer weights"] + plan.parts["AdamW states"] + plan.parts["gradients"] == 16 * n
+
+
+def test_reference_model_and_megatron_bytes():
+    n = real_params(llama())
+    with_ref = mp.estimate(config(**{"algo.ref_kl_metric": True}), llama(), device="cuda")
+    assert with_ref.parts["reference model"] == 4 * n
+    assert "reference model" not in mp.estimate(config(), llama(), device="cuda").parts
+    megatron = mp.estimate(config(), llama(), device="cuda", trainer="megatron")
+    assert megatron.parts["trainer weights"] == 6 * n  # BF16 weights + FP32 main copy
+
+
+# ------------------------------------------------------------------- KV cache, decode rows
+def test_static_kv_cache_by_hand():
+    # P=4 prompts x G=4 = 16 rows; cache of 256 + 32 = 288 slots rounded up to 320 (multiples of 64)
+    kv_per_token = 2 * LAYERS * KV_HEADS * HEAD_DIM * 2  # K and V, BF16
+    plan = mp.estimate(config(), llama(), device="cuda")
+    assert plan.parts["KV cache"] == kv_per_token * 320 * 16
+    # the data's longest prompt (40 tokens): 40 + 32 -> 128 slots
+    short = mp.estimate(config(), llama(), device="cuda", prompt_tokens=40)
+    assert short.parts["KV cache"] == kv_per_token * 128 * 16
+    # never more than max_prompt_tokens
+    assert (
+        mp.estimate(config(), llama(), device="cuda", prompt_tokens=10**6).parts["KV cache"]
+        == (plan.parts["KV cache"])
+    )
+
+
+def test_decode_batches_keep_a_cache_each():
+    # 16 rows in generation batches of 6: 6, 6, 4 -> caches (6, L) and (4, L), 10 rows in all
+    kv_per_token = 2 * LAYERS * KV_HEADS * HEAD_DIM * 2
+    plan = mp.estimate(config(**{"rollout.generation_batch_size": 6}), llama(), device="cuda")
+    assert plan.parts["KV cache"] == kv_per_token * 320 * 10
+    # eval: 32 held-out prompts greedy (+ 2 x 32 sampled), 64 new tokens: 64 + 256 -> 320 slots
+    evals = config(**{"eval.every": 5, "eval.num_prompts": 32, "eval.k": 2, "eval.max_new_tokens": 64})
+    plan = mp.estimate(evals, llama(), device="cuda")
+    assert plan.parts["KV cache"] == kv_per_token * 320 * (16 + 32 + 64)
+
+
+def test_cpu_decodes_with_a_dynamic_cache_freed_after_the_rollout():
+    kv_per_token = 2 * LAYERS * KV_HEADS * HEAD_DIM * 4  # FP32 on a CPU
+    plan = mp.estimate(config(), llama(), device="cpu")
+    assert "KV cache" not in plan.parts  # not resident
+    rollout = plan.other_phase if plan.phase == "training step" else plan.parts
+    assert rollout["KV cache (decoding)"] == kv_per_token * (256 + 32) * 16
+    # two ranks: each decodes its half of the prompts
+    half = mp.estimate(config(), llama(), device="cpu", world_size=2)
+    rollout = half.other_phase if half.phase == "training step" else half.parts
+    assert rollout["KV cache (decoding)"] == kv_per_token * (256 + 32) * 8
+
+
+# ------------------------------------------------------------------- activations
+def test_activations_scale_with_the_micro_batch_and_checkpointing_shrinks_them():
+    big = config(**{"rollout.prompts_per_step": 16, "rollout.group_size": 8, "train.micro_batch_size": 64})
+    act = mp.estimate(big, llama(), device="cuda").parts["activations"]
+    half = config(**{"rollout.prompts_per_step": 16, "rollout.group_size": 8, "train.micro_batch_size": 32})
+    assert mp.estimate(half, llama(), device="cuda").parts["activations"] * 2 == act
+    # the micro-batch never holds more than a step's rollouts (16 here, whatever micro_batch_size says)
+    assert (
+        mp.estimate(config(**{"train.micro_batch_size": 16}), llama(), device="cuda").parts["activations"]
+        == mp.estimate(config(**{"train.micro_batch_size": 512}), llama(), device="cuda").parts["activations"]
+    )
+    ckpt = config(**{"rollout.prompts_per_step": 16, "rollout.group_size": 8, "train.micro_batch_size": 64,
+                     "model.gradient_checkpointing": True})  # fmt: skip
+    smol = transformers.LlamaConfig(hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
+                                    num_key_value_heads=3, intermediate_size=1536, vocab_size=49152)  # fmt: skip
+    assert mp.estimate(ckpt, smol).parts["activations"] < mp.estimate(big, smol).parts["activations"] / 5
+
+
+def test_activation_constant_against_saved_tensors():
+    """The per-token, per-layer bound holds what a real layer saves for the backward (FP32 on a CPU)."""
+    hf = llama(num_hidden_layers=1)
+    model = transformers.AutoModelForCausalLM.from_config(hf).model
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    sizes = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            sizes[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    def saved(tokens):
+        sizes.clear()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(input_ids=torch.randint(0, VOCAB, (1, tokens)), use_cache=False)
+        return sum(sizes.values())
+
+    per_token = (saved(256) - saved(128)) / 128  # the layer + the final norm, per token
+    bound = mp.activation_bytes_per_token(mp.Shapes.from_hf(hf), autocast=False) + 12 * H
+    assert 0.7 * bound <= per_token <= bound
+
+
+# ------------------------------------------------------------------- the budget
+def test_host_available_reads_meminfo_and_a_lower_cgroup_limit(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       131072000 kB\nMemAvailable:   100000000 kB\n")
+    assert mp.host_available(meminfo, tmp_path / "none") == (
+        100000000 * 1024,
+        "MemAvailable in /proc/meminfo",
+    )
+    cgroup = tmp_path / "cg"
+    cgroup.mkdir()
+    (cgroup / "memory.max").write_text("max\n")
+    (cgroup / "memory.current").write_text("123\n")
+    assert mp.host_available(meminfo, cgroup)[0] == 100000000 * 1024  # no limit
+    (cgroup / "memory.max").write_text(str(8 * 2**30))
+    (cgroup / "memory.current").write_text(str(2**30))
+    free, source = mp.host_available(meminfo, cgroup)
+    assert free == 7 * 2**30 and "memory.max" in source
+    assert mp.host_available(tmp_path / "missing", tmp_path / "none") == (None, "no /proc/meminfo")
+
+
+def fake_cuda(monkeypatch, capability, name):
+    props = types.SimpleNamespace(major=capability[0], minor=capability[1], name=name, is_integrated=False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    monkeypatch.setattr(mp, "host_available", lambda: (100 * 2**30, "MemAvailable in /proc/meminfo"))
+
+
+def test_a_gb10_budgets_with_memavailable_not_nvml(monkeypatch):
+    fake_cuda(monkeypatch, (12, 1), "NVIDIA GB10")
+
+    def nvml_like(index):
+        raise AssertionError("unified memory: the GPU's own free-memory query must not be used")
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", nvml_like)
+    free, source = mp.available("cuda")
+    assert free == 100 * 2**30 and "MemAvailable" in source and "shares the host's memory" in source
+
+
+def test_a_discrete_gpu_budgets_with_its_free_memory(monkeypatch):
+    fake_cuda(monkeypatch, (9, 0), "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (70 * 2**30, 80 * 2**30))
+    free, source = mp.available("cuda:0")
+    assert free == 70 * 2**30 and "mem_get_info" in source
+
+
+# ------------------------------------------------------------------- the check
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, tokenizer):
+    return write_random_model(tmp_path_factory.mktemp("tiny") / "model", tokenizer, seed=0)
+
+
+def test_check_refuses_fits_or_is_off(tiny_dir, caplog):
+    cfg = config(**{"model.name_or_path": str(tiny_dir), "backends.device": "cpu"})
+    cfg.train.memory_budget_gib = 0.01
+    with pytest.raises(mp.MemoryPlanError) as refused:
+        mp.check(cfg)
+    assert isinstance(refused.value, ConfigError)  # the CLI prints it as one line
+    message = str(refused.value)
+    assert "\n" not in message and "train.memory_budget_gib=0.01" in message
+    cfg.train.memory_budget_gib = 1000
+    with caplog.at_level(logging.INFO, logger=mp.__name__):
+        plan = mp.check(cfg, prompt_tokens=30)
+    assert plan is not None and plan.total < 1000 * 2**30
+    assert any(r.getMessage().startswith("memory plan: about") for r in caplog.records)
+    cfg.train.memory_budget_gib = 0
+    assert mp.check(cfg) is None
+    # two torchrun ranks on one host share its memory: a budget for one run is too small for both
+    cfg.train.memory_budget_gib = plan.total * 1.5 / 2**30
+    assert mp.check(cfg, prompt_tokens=30) is not None
+    with pytest.raises(mp.MemoryPlanError, match=r"\(2 ranks x "):
+        mp.check(cfg, prompt_tokens=30, ranks_per_host=2)
+
+
+def train(tiny_dir, out, *extra):
+    result = CliRunner().invoke(main, [
+        "train", "--model", str(tiny_dir), "--output", str(out), "--device", "cpu", "--steps", "1",
+        "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "2", "--no-progress",
+        "--eval-every", "0", "--set", "data.eval_size=4", *extra,
+    ])  # fmt: skip
+    assert "Traceback" not in result.output, result.output
+    return result
+
+
+def test_the_cli_refuses_a_run_over_budget_in_one_line(tmp_path, tiny_dir):
+    run = tmp_path / "run"
+    result = train(tiny_dir, run, "--set", "train.memory_budget_gib=0.001")
+    assert result.exit_code == 1, result.output
+    errors = [line for line in result.output.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("Error: memory plan:"), result.output
+    for setting in (
+        "train.micro_batch_size",
+        "rollout.prompts_per_step x rollout.group_size",
+        "rollout.max_new_tokens",
+        "model.gradient_checkpointing",
+        "train.memory_budget_gib",
+        "biggest parts: ",
+    ):
+        assert setting in errors[0], errors[0]
+    assert not run.exists()  # the run directory it created is gone
+    run.mkdir()  # one that was there stays, and holds no run: a later run can use it
+    assert train(tiny_dir, run, "--set", "train.memory_budget_gib=0.001").exit_code == 1
+    assert run.is_dir() and run_outputs(run) == []
+
+
+def test_the_cli_logs_the_plan_of_a_run_that_fits(tmp_path, tiny_dir, caplog):
+    with caplog.at_level(logging.INFO, logger=mp.__name__):
+        result = train(tiny_dir, tmp_path / "run", "--set", "train.memory_budget_gib=64")
+    assert result.exit_code == 0, result.output
+    logged = [r.getMessage() for r in caplog.records if r.name == mp.__name__]
+    assert len(logged) == 1 and "train.memory_budget_gib=64" in logged[0], logged
+    assert "trainer weights" in logged[0] and "AdamW states" in logged[0]
+
+
+# ------------------------------------------------------------------- on a GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("compiled", [False, None], ids=["plain-layers", "default-compiled"])
+def test_estimate_against_a_real_run_on_cuda(tmp_path, tokenizer, compiled):
+    """The estimate is within a factor of what a short real run allocates at its peak (the steps'
+    ``torch.cuda.max_memory_allocated``, which leaves out the CUDA context the plan adds)."""
+    from slime_gb10.grpo.trainer import GRPOTrainer
+
+    model = write_random_model(
+        tmp_path / "model", tokenizer, seed=0, hidden_size=576, num_layers=8, num_heads=9, num_kv_heads=3,
+        intermediate_size=1536,
+    )  # fmt: skip
+    cfg = config(**{
+        "model.name_or_path": str(model), "output.dir": str(tmp_path / "run"), "backends.device": "cuda",
+        "backends.rollout": "torch", "backends.trainer": "torch", "train.steps": 2, "train.compile": compiled,
+        "rollout.prompts_per_step": 8, "rollout.group_size": 8, "rollout.max_new_tokens": 128,
+        "rollout.compile_decode": False, "train.micro_batch_size": 64, "algo.mask_truncated": False,
+        "algo.skip_zero_variance_groups": False, "output.save_final_model": False, "output.progress": False,
+    })  # fmt: skip
+    trainer = GRPOTrainer(cfg)
+    try:
+        trainer.setup()  # runs the check on this GPU's free memory
+        prompts = mp.longest_prompt(trainer.prompts, trainer._train_source, trainer.eval_examples)
+        plan = mp.estimate(
+            cfg, transformers.AutoConfig.from_pretrained(model), device="cuda", prompt_tokens=prompts
+        )
+        rows = trainer.train()
+    finally:
+        trainer.close()
+    measured = max(r["peak_memory_gib"] for r in rows) * 2**30
+    estimated = plan.total - plan.parts["overhead"]
+    print(f"memory plan {estimated / 2**30:.2f} GiB, measured {measured / 2**30:.2f} GiB ({plan.describe()})")
+    assert 0.9 * measured <= estimated <= 2.5 * measured
