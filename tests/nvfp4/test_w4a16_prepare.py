@@ -562,9 +562,7 @@ def test_wgmma_choice():
     assert w4a16.wgmma_is_faster(256, 2048, 2048) and not w4a16.wgmma_is_faster(257, 2048, 2048)
     assert w4a16.wgmma_is_faster(128, 4864, 896) and not w4a16.wgmma_is_faster(129, 4864, 896)
     assert not w4a16.fused_is_faster(129, 4864, 896, cuda_kernel=True, wgmma=True)  # dequantize + cuBLAS
-    assert not w4a16.wgmma_is_faster(64, 4096 + 32, 4096) and not w4a16.wgmma_is_faster(
-        64, 4096, 4096 + 64
-    )
+    assert not w4a16.wgmma_is_faster(64, 4096 + 32, 4096) and not w4a16.wgmma_is_faster(64, 4096, 4096 + 64)
     assert w4a16.fused_is_faster(1024, 4096, 4096, cuda_kernel=True, wgmma=True)
     assert not w4a16.fused_is_faster(1024, 4096, 4096, cuda_kernel=True)  # not on GB10 / Blackwell
     assert w4a16.fused_is_faster(2048, 4096, 4096, cuda_kernel=True, wgmma=True)
