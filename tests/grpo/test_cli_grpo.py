@@ -299,3 +299,31 @@ def test_eval_with_every_prompt_too_long_is_one_line_naming_the_setting(tmp_path
     assert result.exit_code != 0 and "Traceback" not in result.output
     assert "held-out prompts is longer than rollout.max_prompt_tokens=8 tokens: raise it" in result.output
     assert not (tmp_path / "out.json").exists()
+
+
+@pytest.mark.parametrize("device", ["gpu", "mps", "xpu"])
+def test_a_device_nothing_here_runs_on_is_one_line_before_any_work(tmp_path, device):
+    result = invoke("train", "--device", device, "--steps", "1", "--output", str(tmp_path / "run"))
+    assert result.exit_code != 0 and "Traceback" not in result.output, result.output
+    assert f"backends.device '{device}': use auto, cpu, cuda or cuda:N" in result.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_config_file_that_is_not_utf8_is_one_line(tmp_path):
+    bad = tmp_path / "recipe.yaml"
+    bad.write_bytes(b"train:\n  lr: 1.0e-5  # \xff\xfe\n")
+    result = invoke("train", "--config", str(bad), "--steps", "1", "--output", str(tmp_path / "run"))
+    assert result.exit_code != 0 and "Traceback" not in result.output, result.output
+    assert f"config file '{bad}' is not UTF-8 text" in result.output and "save it as UTF-8" in result.output
+
+
+def test_plot_to_a_place_it_cannot_write_is_one_line(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"step": i, "reward_mean": 0.1 * i, "response_len_mean": 10.0} for i in range(1, 4)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    result = invoke("plot", str(run), "--out", str(blocker / "curves.png"))
+    assert result.exit_code != 0 and "Traceback" not in result.output, result.output
+    assert "cannot create output directory" in result.output

@@ -561,10 +561,11 @@ def compare_command(first, second):
 def plot_command(run_dir, out_file):
     """Draw reward, length, entropy and KL curves of RUN_DIR/metrics.jsonl as a PNG."""
     from slime_gb10.grpo.plot import PlotError, plot_run
+    from slime_gb10.utils.atomic import OutputPathError
 
     try:
         path = plot_run(run_dir, out_file)
-    except PlotError as exc:
+    except (PlotError, OutputPathError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"wrote {path}")
 

@@ -380,6 +380,13 @@ class BackendsConfig(_Section):
         default="auto", description="auto (cuda if available, else cpu), cpu, cuda or cuda:N."
     )
 
+    @model_validator(mode="after")
+    def _known_device(self):
+        # torch.device also takes mps, xpu, ...: nothing here runs there, and "gpu" is no torch device
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            raise ValueError(f"backends.device {self.device!r}: use auto, cpu, cuda or cuda:N")
+        return self
+
 
 class SGLangConfig(_Section):
     """Settings of the SGLang rollout engine (``engines/sglang_engine.py``).
@@ -541,7 +548,12 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(
             f"config file '{p}' does not exist: pass a YAML/JSON file, or a recipe name ({', '.join(recipes())})"
         )
-    text = p.read_text(encoding="utf-8")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file '{p}' is not UTF-8 text ({exc.reason} at byte {exc.start}): save it as UTF-8"
+        ) from None
     try:
         data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
