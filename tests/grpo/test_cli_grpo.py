@@ -327,3 +327,19 @@ def test_plot_to_a_place_it_cannot_write_is_one_line(tmp_path):
     result = invoke("plot", str(run), "--out", str(blocker / "curves.png"))
     assert result.exit_code != 0 and "Traceback" not in result.output, result.output
     assert "cannot create output directory" in result.output
+
+
+def test_eval_checks_its_output_path_before_it_evaluates(tmp_path, tiny_dir, gsm8k_dir):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    for out, message in (
+        (blocker / "out.json", "cannot create output directory"),
+        (tmp_path, "is a directory"),
+    ):
+        result = invoke(
+            "eval", "--model", str(tiny_dir), "--device", "cpu", "--data", str(gsm8k_dir / "train.jsonl"),
+            "--eval-data", str(gsm8k_dir / "test.jsonl"), "--num-prompts", "2", "--max-new-tokens", "2",
+            "--set", "rollout.max_prompt_tokens=512", "--output", str(out),
+        )  # fmt: skip
+        assert result.exit_code != 0 and "Traceback" not in result.output, result.output
+        assert message in result.output and "pass@1" not in result.output  # refused before the eval ran

@@ -386,7 +386,13 @@ def eval_command(config_file, sets, data_path, verbose, num_prompts, output_file
         raise click.ClickException(str(exc)) from None
     _setup_logging(verbose)
     _apply_runtime_fixes()
+    from slime_gb10.utils.atomic import atomic_write_text, ensure_writable_dir
+
     try:
+        if output_file:  # before the eval, not after it: a bad path must not cost the run
+            if Path(output_file).is_dir():
+                raise ConfigError(f"--output '{output_file}' is a directory: name a .json file")
+            ensure_writable_dir(Path(output_file).resolve().parent)
         result = run_eval(config)
     except _user_errors() as exc:
         raise click.ClickException(str(exc)) from None
@@ -399,8 +405,6 @@ def eval_command(config_file, sets, data_path, verbose, num_prompts, output_file
         if not key.startswith("pass@1"):
             click.echo(f"{key:>20}: {value:.4f}")
     if output_file:
-        from slime_gb10.utils.atomic import atomic_write_text
-
         document = {
             "model": config.model.name_or_path or "embedded SmolLM2-135M-Instruct",
             "data": config.data.eval_path or config.data.path or config.data.task,
