@@ -244,7 +244,8 @@ def test_sigterm_exits_143_naming_the_checkpoint_and_resume_finishes(tiny_dir, t
         return real_step(self)
 
     monkeypatch.setattr(GRPOTrainer, "train_step", train_step)
-    result = cli_train(tiny_dir, out, "--steps", "3")
+    # keep_checkpoints=1: the final step's safety net must not prune SIGTERM's checkpoint
+    result = cli_train(tiny_dir, out, "--steps", "3", "--set", "output.keep_checkpoints=1")
     assert result.exit_code == 143, result.output
     assert "SIGTERM" in result.output and "step-000001" in result.output
     assert f"--resume {out}" in result.output
@@ -333,3 +334,23 @@ def test_sft_stops_on_sigterm_like_ctrl_c(tiny_dir, tmp_path, monkeypatch):
     result = invoke("sft", "--model", tiny_dir, "--output", tmp_path / "sft", "--device", "cpu")
     assert result.exit_code == 143, result.output
     assert "SIGTERM" in result.output and "--overwrite" in result.output
+
+
+@pytest.mark.slow
+def test_a_safety_net_the_disk_cannot_hold_still_leaves_the_final_model(tiny_dir, tmp_path, monkeypatch):
+    """The checkpoint before final_model/ fails (a disk too full for 12 bytes a parameter): the
+    smaller final model is still written, and the run succeeds."""
+    from slime_gb10.grpo.checkpoint import CheckpointError
+
+    real_save = GRPOTrainer.save
+
+    def save(self, reason="periodic", prune=True):
+        if reason == "final":
+            raise CheckpointError("no space left on device (3 MiB free)")
+        return real_save(self, reason, prune)
+
+    monkeypatch.setattr(GRPOTrainer, "save", save)
+    out = tmp_path / "run"
+    result = cli_train(tiny_dir, out)
+    assert result.exit_code == 0, result.output
+    assert (out / "final_model" / "config.json").is_file() and not (out / "checkpoints").exists()

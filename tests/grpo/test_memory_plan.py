@@ -193,6 +193,9 @@ def test_host_available_reads_meminfo_and_a_lower_cgroup_limit(tmp_path):
     (cgroup / "memory.current").write_text(str(2**30))
     free, source = mp.host_available(meminfo, cgroup)
     assert free == 7 * 2**30 and "memory.max" in source
+    # page cache the kernel can reclaim (inactive_file) is headroom, not use
+    (cgroup / "memory.stat").write_text(f"anon 1000\ninactive_file {2**29}\nactive_file 7\n")
+    assert mp.host_available(meminfo, cgroup)[0] == 7 * 2**30 + 2**29
     assert mp.host_available(tmp_path / "missing", tmp_path / "none") == (None, "no /proc/meminfo")
 
 

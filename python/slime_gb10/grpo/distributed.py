@@ -150,14 +150,17 @@ class DistContext:
             if kind is None:
                 raise
             log.debug("%s failed on rank %d", what, self.rank, exc_info=True)  # gloo's words, with -v
+            said = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
             raise DistributedError(
                 failure_message(
                     kind, what, rank=self.rank, world_size=self.world_size, timeout_s=self.timeout_s
                 )
+                + f" [{said}]"
             ) from exc
 
 
-# what gloo (and NCCL) say when a peer times out or goes away; anything else is not a collective failure
+# what gloo says when a peer times out or goes away (NCCL's watchdog usually ends the process itself
+# first); anything else, NCCL's local errors included, is not a collective failure
 _TIMEOUT = re.compile(r"timed out|timeout", re.IGNORECASE)
 _LOST = re.compile(
     r"closed by peer|reset by peer|connection (?:closed|reset|refused)|broken pipe|pair closure|"
@@ -174,7 +177,7 @@ def collective_failure(exc: BaseException) -> str | None:
     text = str(exc)
     if _TIMEOUT.search(text):
         return "timeout"
-    if _LOST.search(text) or isinstance(exc, getattr(torch.distributed, "DistError", ())):
+    if _LOST.search(text):  # by the words alone: a DistBackendError may be a local CUDA error
         return "lost"
     return None
 

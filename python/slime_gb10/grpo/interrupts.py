@@ -186,12 +186,15 @@ def _write_errors() -> tuple[type[BaseException], ...]:
 def write_final_model(trainer) -> None:
     """``final_model/`` (rank 0), after making sure a checkpoint of the final step exists.
 
-    The checkpoint is written BEFORE the final model (and deleted after it when
-    ``output.checkpoint_every`` is 0), not in the handler of a failed final write:
+    The checkpoint is written BEFORE the final model, not in the handler of a failed final write:
     that write fails mostly on a full disk, where a checkpoint (about 12 bytes per parameter, six
     times a BF16 final model) written after it would fail too and the training would be lost. A
     failed final write is then the one-line :class:`~slime_gb10.grpo.checkpoint.CheckpointError` a
-    full disk at a checkpoint is, naming the checkpoint to resume from.
+    full disk at a checkpoint is, naming the checkpoint to resume from. This safety net prunes no
+    older checkpoint, and when ``output.checkpoint_every`` is 0 (the user asked for none; the
+    default, which keeps a first run's disk small) it is deleted once ``final_model/`` is written.
+    If the net itself cannot be written (a disk too full for it), the smaller final model is still
+    tried, on one rank (several ranks would wait in the failed save's barrier).
     """
     import torch
 
@@ -205,7 +208,13 @@ def write_final_model(trainer) -> None:
     last = trainer._last_checkpoint
     safety_net = last is None or Path(last) != final
     if safety_net:  # every rank: save() is a collective
-        final = trainer.save("final")
+        try:
+            final = trainer.save("final", prune=False)
+        except CheckpointError as exc:
+            if trainer.dist.enabled:
+                raise
+            log.warning("no checkpoint of the last step before final_model/: %s", exc)
+            safety_net, final = False, last
     if not trainer.dist.is_main:
         return
     target = trainer.run_dir / "final_model"
@@ -215,13 +224,15 @@ def write_final_model(trainer) -> None:
     except _write_errors() as exc:
         raise CheckpointError(_final_write_failure(target, exc, final, trainer)) from exc
     if safety_net and not cfg.checkpoint_every:
-        # The user asked for no checkpoints (the default, which keeps a first run's disk small: 1.6 GB
-        # a checkpoint at 135M): the one written only to survive this write goes once it succeeded.
-        shutil.rmtree(final, ignore_errors=True)
-        trainer._last_checkpoint = last
+        trainer._last_checkpoint = last  # first: a signal during the deletion must not name it
+        doomed = final.with_name(f".{final.name}.net.tmp")  # what clean_stale removes, if killed here
+        final.rename(doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
 
 
-def _final_write_failure(target: Path, exc: BaseException, checkpoint: Path, trainer) -> str:
+def _final_write_failure(target: Path, exc: BaseException, checkpoint: Path | None, trainer) -> str:
+    from slime_gb10.grpo.checkpoint import checkpoint_path
+
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         try:
             cause = f"no space left on device ({shutil.disk_usage(target.parent).free / 2**20:.0f} MiB free)"
@@ -229,6 +240,16 @@ def _final_write_failure(target: Path, exc: BaseException, checkpoint: Path, tra
             cause = "no space left on device"
     else:
         cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if checkpoint is None:
+        return (
+            f"cannot write the final model '{target}': {cause}; no checkpoint could be written either, "
+            "so the training is lost: free space (or point --output elsewhere) and run it again"
+        )
+    if Path(checkpoint) != checkpoint_path(trainer.run_dir, trainer.step):
+        return (
+            f"cannot write the final model '{target}': {cause}; the newest checkpoint is {checkpoint} "
+            f"(not the last step's): fix that, then `slime-gb10 train --resume {trainer.run_dir}`"
+        )
     return (
         f"cannot write the final model '{target}': {cause}; the training is kept in the checkpoint of "
         f"its last step, {checkpoint}: fix that, then `slime-gb10 train --resume {trainer.run_dir}` "

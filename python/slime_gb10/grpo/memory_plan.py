@@ -14,16 +14,14 @@ The estimate mirrors what the PyTorch pair allocates (``torch_backend.py``, ``to
     training step = gradients + activations + BF16 weight casts + logprob head
     rollout       = prefill (+ the KV cache of the dynamic decode path, freed after each call)
 
-Gradients are freed at the start of each train step (``zero_grad(set_to_none=True)``), so they do not
-coexist with the rollout; the static decode path keeps one KV cache per (batch, cache length) for the
-life of the engine. SGLang (``backends.rollout: sglang``) sizes its own pool to
-``sglang.mem_fraction_static`` of the GPU and checks that itself: the plan counts its weights and the
-KV cache of one step's rollouts. Every part is a small function below with its formula. Sequences are counted at
-their longest (the data's longest prompt, at most ``max_prompt_tokens``, + ``max_new_tokens``), so the
-activations and caches are upper bounds; the activation constants are at :func:`activation_bytes_per_token`.
+Gradients are freed at each train step's start, so they do not coexist with the rollout; the static
+decode path keeps one KV cache per (batch, cache length). SGLang sizes its own pool and checks it
+itself: the plan counts its weights and one step's KV cache. Sequences count at their longest (the
+data's longest prompt + ``max_new_tokens``): activations and caches are upper bounds.
 
-The budget is what is free (:func:`available`) or ``train.memory_budget_gib`` (0: no check); a run
-is refused when its estimate exceeds :data:`SAFETY_MARGIN` of it.
+The budget is what is free (:func:`available`) or ``train.memory_budget_gib`` (0: no check). Over
+:data:`SAFETY_MARGIN` of it a run is refused on host memory (a CPU, a GB10) and warned about on a
+discrete GPU, where CUDA's out-of-memory error ends a run cleanly.
 """
 
 from __future__ import annotations
@@ -32,12 +30,12 @@ import logging
 import math
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from slime_gb10.grpo.config import ConfigError
+from slime_gb10.platform.host_memory import host_available
 
 log = logging.getLogger(__name__)
 
@@ -401,31 +399,6 @@ def estimate(
 
 
 # ------------------------------------------------------------------------- the budget
-def _read_int(path: Path) -> int | None:
-    text = path.read_text().strip() if path.is_file() else ""
-    return int(text) if text.isdigit() else None
-
-
-def host_available(
-    meminfo: str | Path = "/proc/meminfo", cgroup: str | Path = "/sys/fs/cgroup"
-) -> tuple[int | None, str]:
-    """``MemAvailable`` of ``/proc/meminfo`` in bytes, or a cgroup v2 limit's headroom
-    (``memory.max - memory.current``) when that is lower; (None, why) where neither can be read."""
-    free = None
-    try:
-        for line in Path(meminfo).read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                free = int(line.split()[1]) * 1024
-                break
-    except (OSError, ValueError, IndexError):
-        pass
-    source = "MemAvailable in /proc/meminfo"
-    limit, used = _read_int(Path(cgroup) / "memory.max"), _read_int(Path(cgroup) / "memory.current")
-    if limit is not None and used is not None and (free is None or limit - used < free):
-        free, source = max(0, limit - used), "the cgroup's memory.max - memory.current"
-    return free, source if free is not None else "no /proc/meminfo"
-
-
 def _gpu(device: torch.device):
     """(index, properties, unified memory?) of a CUDA device."""
     from slime_gb10.platform.devices import is_unified_memory
@@ -536,9 +509,15 @@ def check(
     if budget is None:
         log.info("memory plan: about %s (%s); not checked: %s", gib(plan.total), plan.describe(), source)
         return plan
-    ranks = ranks_per_host if ranks_per_host > 1 and uses_host_memory(device) else 1
+    host = uses_host_memory(device)
+    ranks = ranks_per_host if ranks_per_host > 1 and host else 1
     if plan.total * ranks > SAFETY_MARGIN * budget:
-        raise MemoryPlanError(refusal(config, plan, budget, source, where, ranks))
+        if host:  # a CPU, a GB10: running out takes the OOM killer or a wedged host, so refuse
+            raise MemoryPlanError(refusal(config, plan, budget, source, where, ranks))
+        # a discrete GPU: CUDA's out-of-memory error stops the run cleanly, and the estimate runs
+        # high (1.2-1.8x the peaks measured on an H100, compiled layers): a warning, not a refusal
+        log.warning("%s [a warning on a discrete GPU]", refusal(config, plan, budget, source, where, ranks))
+        return plan
     log.info(
         "memory plan: about %s of %s on %s (%s), peak in the %s: %s [%s]",
         gib(plan.total),

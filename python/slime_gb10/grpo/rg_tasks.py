@@ -348,8 +348,9 @@ def rg_reward(completion: str, ground_truth: str) -> float:
     if answer is None:
         return 0.0
     entry = {"answer": truth["answer"], "metadata": truth["metadata"]}
+    score = _scorer(truth["rg"], truth.get("config"))  # a task or settings it refuses: an error, not 0
     try:
-        return float(_scorer(truth["rg"], truth.get("config"))(answer, entry))
+        return float(score(answer, entry))
     except Exception:  # a verifier that cannot read an answer scores it wrong
         # Some reasoning-gym 0.1.25 verifiers raise on answers they cannot parse (prime_factorization
         # on "0.5": int("0.5")); a policy's answer must never end the run.

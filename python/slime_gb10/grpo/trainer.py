@@ -246,7 +246,7 @@ class GRPOTrainer:
 
         return {"step": self.step, "sampler": self.sampler.state_dict(), "rng": rng_state()}
 
-    def save(self, reason: str = "periodic") -> Path:
+    def save(self, reason: str = "periodic", prune: bool = True) -> Path:
         from slime_gb10.grpo.checkpoint import checkpoint_path, save_checkpoint
 
         assert self._boundary is not None and self._boundary["step"] == self.step
@@ -260,7 +260,7 @@ class GRPOTrainer:
                 self.step,
                 self.backend.state_dict(),
                 state,
-                keep=self.config.output.keep_checkpoints,
+                keep=self.config.output.keep_checkpoints if prune else 1 << 30,
                 reason=reason,
             )
         self.dist.barrier()
@@ -311,7 +311,8 @@ class GRPOTrainer:
             finally:
                 if progress is not None:
                     progress.close()
-            if cfg.eval.at_end and history and self.eval_examples and self.dist.is_main:
+            final_eval_owed = history or not (self.run_dir / "eval_final.json").exists()  # (resumed)
+            if cfg.eval.at_end and final_eval_owed and self.eval_examples and self.dist.is_main:
                 self._final_eval()
             interrupts.write_final_model(self)  # a checkpoint of the last step first, then final_model/
         self.dist.barrier()
@@ -402,8 +403,8 @@ class GRPOTrainer:
 
         # 3.-6. From the first optimizer update until the row is logged, a signal waits for the
         # step to finish (finish_step_before_interrupt), so a checkpoint is always a step boundary.
-        self._mid_step = True
         with interrupts.finish_step_before_interrupt():
+            self._mid_step = True
             # 3. policy update
             t1 = time.perf_counter()
             # No trainable sample (every group had zero variance): no update, and no loss or
@@ -416,6 +417,7 @@ class GRPOTrainer:
             # The optimizer step is done: this step now counts.
             self._boundary = {**self._snapshot(), "step": step}
             self.step = step
+            self._mid_step = False  # a boundary again: a second signal from here on saves this step
 
             # 4. weight sync
             sync_time = self._sync_weights() if anywhere else 0.0
@@ -479,7 +481,6 @@ class GRPOTrainer:
                         for i, g in list(enumerate(generations))[:: max(1, G)][: cfg.output.samples_per_step]
                     ]
                 )
-            self._mid_step = False
             return row
 
     def _check_reward_failures(self, errors: int, total: int, step: int) -> None:
