@@ -97,7 +97,7 @@ def test_nvfp4_exports_everything_it_lists_and_the_doctor_loads_no_torch():
 # its size today so that it can only shrink: the trainer until it is thin (#38 step 2), the config
 # until its sections move beside what they configure.
 LINE_CAP = 600
-OVER_THE_CAP = {"grpo/trainer.py": 640, "grpo/config.py": 620}
+OVER_THE_CAP = {"grpo/trainer.py": 615, "grpo/config.py": 617}
 
 
 def test_no_package_file_over_the_line_cap():

@@ -234,3 +234,26 @@ def eval_summary(row: dict) -> str:
     return (
         ", ".join(f"{k} {v:.3g}" for k, v in shown.items()) + where + f" ({row.get('eval_time_s', 0):.0f} s)"
     )
+
+
+def step_mfu(
+    device,
+    n_params: int | None,
+    *,
+    prompt_tokens: int,
+    rollout_tokens: int,
+    train_tokens: int,
+    seconds: float,
+) -> float | None:
+    """A step's model FLOPs utilisation on a CUDA ``device``: 2N per generated or prefilled token, 6N
+    per trained token (Kaplan et al. 2020), against the GPU's BF16 peak; None on a CPU, without a
+    parameter count, or for a GPU whose peak is not known."""
+    if device is None or device.type != "cuda" or seconds <= 0 or not n_params:
+        return None
+    try:
+        from slime_gb10.platform.devices import device_peaks, mfu
+
+        flops = 2 * n_params * (prompt_tokens + rollout_tokens) + 6 * n_params * train_tokens
+        return float(mfu(flops / seconds, device_peaks(device.index or 0), precision="bf16"))
+    except Exception:  # platform helpers missing or no peak known for this GPU
+        return None

@@ -35,7 +35,7 @@ from slime_gb10.grpo.batching import Sample, collate, split_microbatches
 from slime_gb10.grpo.config import GRPOConfig
 from slime_gb10.grpo.interfaces import Generation, SamplingParams
 from slime_gb10.grpo.interrupts import TrainingInterrupted  # noqa: F401  (the CLI's and tests' name)
-from slime_gb10.grpo.metrics import NullLogger, eval_summary, progress_fields, step_row
+from slime_gb10.grpo.metrics import NullLogger, eval_summary, progress_fields, step_mfu, step_row
 from slime_gb10.grpo.prompts import PromptEncoder, load_splits
 
 log = logging.getLogger(__name__)
@@ -449,7 +449,9 @@ class GRPOTrainer:
             )
             if cuda:
                 row["peak_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
-            mfu = self._mfu(
+            mfu = step_mfu(
+                self.device,
+                getattr(self.backend, "num_parameters", None),
                 prompt_tokens=sum(len(p) for p in repeated),
                 rollout_tokens=sum(len(g.completion_ids) for g in generations),
                 train_tokens=train_tokens,
@@ -603,24 +605,6 @@ class GRPOTrainer:
             result.metrics["format_rate"],
             row["final_eval_time_s"],
         )
-
-    def _mfu(
-        self, *, prompt_tokens: int, rollout_tokens: int, train_tokens: int, seconds: float
-    ) -> float | None:
-        """Model FLOPs utilisation: 2N per generated/prefilled token, 6N per trained token (Kaplan et al. 2020)."""
-        if self.device is None or self.device.type != "cuda" or seconds <= 0:
-            return None
-        n_params = getattr(self.backend, "num_parameters", None)
-        if not n_params:
-            return None
-        try:
-            from slime_gb10.platform.devices import device_peaks, mfu
-
-            flops = 2 * n_params * (prompt_tokens + rollout_tokens) + 6 * n_params * train_tokens
-            peaks = device_peaks(self.device.index or 0)
-            return float(mfu(flops / seconds, peaks, precision="bf16"))
-        except Exception:  # platform helpers missing or no peak known for this GPU
-            return None
 
 
 def _has_reference_model(backend) -> bool:
