@@ -13,6 +13,19 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _ctrl_c_as_in_a_terminal():
+    """SIGINT as a terminal delivers it: a suite started in the background by a non-interactive shell
+    inherits SIGINT ignored (POSIX: an asynchronous command ignores it) and Python keeps it so,
+    which is right for the product (a `nohup ... &` run must not stop on Ctrl-C) but is not the
+    state the Ctrl-C tests are about. Found by running the suite under load, in the background."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if _cuda_available():
         return

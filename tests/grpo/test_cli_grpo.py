@@ -301,7 +301,9 @@ def test_eval_with_every_prompt_too_long_is_one_line_naming_the_setting(tmp_path
     assert not (tmp_path / "out.json").exists()
 
 
-@pytest.mark.parametrize("device", ["gpu", "mps", "xpu"])
+@pytest.mark.parametrize(
+    "device", ["gpu", "mps", "xpu"], ids=["word-g-p-u", "mps", "xpu"]
+)  # "gpu": the marker
 def test_a_device_nothing_here_runs_on_is_one_line_before_any_work(tmp_path, device):
     result = invoke("train", "--device", device, "--steps", "1", "--output", str(tmp_path / "run"))
     assert result.exit_code != 0 and "Traceback" not in result.output, result.output
