@@ -8,10 +8,12 @@ optional dependencies are missing, and ``--help`` is instant.
 from __future__ import annotations
 
 import importlib
+import traceback
 
 import click
 
 from slime_gb10 import __version__
+from slime_gb10.utils.errors import VERBOSE, UserError, os_error_message
 
 # name -> "module:attribute" of a click.Command
 SUBCOMMANDS: dict[str, str] = {
@@ -58,6 +60,20 @@ class LazyGroup(click.Group):
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
+
+    def invoke(self, ctx: click.Context):
+        """The one error handler of every subcommand: a ``UserError`` (or a full disk, a denied
+        permission) is one line and exit 1; ``-v`` adds the traceback. Anything else is a bug and
+        keeps its traceback."""
+        try:
+            return super().invoke(ctx)
+        except (UserError, OSError) as exc:
+            message = str(exc) if isinstance(exc, UserError) else os_error_message(exc)
+            if message is None:
+                raise
+            if ctx.meta.get(VERBOSE):
+                traceback.print_exc()
+        raise click.ClickException(message) from None
 
     def _load(self, cmd_name: str) -> click.Command:
         module_name, attr = self.lazy_subcommands[cmd_name].split(":")

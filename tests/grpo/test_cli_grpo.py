@@ -345,3 +345,58 @@ def test_eval_checks_its_output_path_before_it_evaluates(tmp_path, tiny_dir, gsm
         )  # fmt: skip
         assert result.exit_code != 0 and "Traceback" not in result.output, result.output
         assert message in result.output and "pass@1" not in result.output  # refused before the eval ran
+
+
+EVAL_ARGS = ("--device", "cpu", "--num-prompts", "2", "--max-new-tokens", "2",
+             "--set", "rollout.max_prompt_tokens=512")  # fmt: skip
+
+
+def test_a_full_disk_at_the_last_write_is_one_line_and_v_adds_the_traceback(
+    tmp_path, tiny_dir, gsm8k_dir, monkeypatch
+):
+    """The one handler (slime_gb10.cli): an OSError that is the machine's state, raised where no
+    command catches it (eval's --output written after the eval), is one line naming the fix."""
+    import errno
+
+    from slime_gb10.utils import atomic
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(atomic, "atomic_write_text", full)
+    data = ("--data", str(gsm8k_dir / "train.jsonl"), "--eval-data", str(gsm8k_dir / "test.jsonl"))
+    out = str(tmp_path / "eval.json")
+    result = invoke("eval", "--model", str(tiny_dir), *data, *EVAL_ARGS, "--output", out)
+    assert result.exit_code == 1, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert (
+        last
+        == f"Error: No space left on device ({out}): the disk is full: free space or write somewhere else"
+    )
+    verbose = CliRunner().invoke(
+        main, ["eval", "-v", "--model", str(tiny_dir), *data, *EVAL_ARGS, "--output", out]
+    )
+    assert verbose.exit_code == 1 and "Traceback" in verbose.output and "OSError" in verbose.output
+    assert verbose.output.strip().splitlines()[-1] == last
+
+
+def test_a_user_error_from_deep_inside_is_one_line_and_a_bug_keeps_its_traceback(monkeypatch, tmp_path):
+    from slime_gb10.grpo import cli as grpo_cli
+    from slime_gb10.grpo.backends.megatron.mapping import MappingError
+
+    def mapping_refused(config):  # an error class no command named before the one handler
+        raise MappingError("layer 3 has no q_proj: the checkpoint is not a Llama-layout model")
+
+    monkeypatch.setattr(grpo_cli, "run_eval", mapping_refused)
+    result = invoke("eval", "--data", "rg:chain_sum", "--device", "cpu")
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines()[-1] == (
+        "Error: layer 3 has no q_proj: the checkpoint is not a Llama-layout model"
+    )
+
+    def bug(config):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(grpo_cli, "run_eval", bug)
+    result = CliRunner().invoke(main, ["eval", "--data", "rg:chain_sum", "--device", "cpu"])
+    assert isinstance(result.exception, KeyError)  # not turned into a one-line "error"

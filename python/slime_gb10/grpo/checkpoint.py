@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from slime_gb10.utils.atomic import atomic_directory, clean_stale_siblings
+from slime_gb10.utils.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ CHECKPOINT_DIR = "checkpoints"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint cannot be found, read or written; the message names the path and the way on."""
 
 

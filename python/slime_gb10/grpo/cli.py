@@ -1,7 +1,8 @@
 """``slime-gb10 train`` / ``eval`` / ``plot``.
 
 Errors a user can fix (bad config keys, missing files, an empty dataset, a NaN loss, a missing
-optional package) are printed as one clean message, never a traceback. Ctrl-C, SIGTERM or SIGHUP
+optional package) are ``UserError``s: ``slime_gb10.cli``'s one handler prints them as one clean
+message, with no traceback unless -v. Ctrl-C, SIGTERM or SIGHUP
 during training writes a checkpoint and exits with status 128 + the signal (130, 143, 129).
 """
 
@@ -24,6 +25,7 @@ from slime_gb10.grpo.config import (
     recipes,
     valid_keys,
 )
+from slime_gb10.utils.errors import VERBOSE
 
 log = logging.getLogger("slime_gb10.grpo")
 
@@ -108,40 +110,13 @@ def _store_override(ctx: click.Context, key: str, value) -> None:
         ctx.meta.setdefault("config_overrides", {})[key] = value
 
 
+def _remember_verbose(ctx: click.Context, _param, value: bool) -> bool:
+    ctx.meta[VERBOSE] = value  # for the one error handler (slime_gb10.cli)
+    return value
+
+
 def _cli_overrides() -> dict:
     return dict(click.get_current_context().meta.get("config_overrides", {}))
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """Exception types whose message is the whole story (printed without a traceback)."""
-    from slime_gb10.grpo.checkpoint import CheckpointError
-    from slime_gb10.grpo.distributed import LaunchError
-    from slime_gb10.grpo.metrics import ReporterUnavailableError
-    from slime_gb10.grpo.models import ModelLoadError
-    from slime_gb10.grpo.registry import BackendUnavailableError
-    from slime_gb10.grpo.rewards import RewardError
-    from slime_gb10.grpo.trainer import DataError, TrainingDiverged
-    from slime_gb10.utils.atomic import OutputPathError
-
-    errors: list[type[BaseException]] = [
-        ConfigError,
-        CheckpointError,
-        ReporterUnavailableError,
-        ModelLoadError,
-        BackendUnavailableError,
-        DataError,
-        TrainingDiverged,
-        OutputPathError,
-        RewardError,
-        LaunchError,
-    ]
-    try:
-        from slime_gb10.grpo.data import DatasetError
-
-        errors.append(DatasetError)
-    except ImportError:  # pragma: no cover - data module is part of the package
-        pass
-    return tuple(errors)
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -201,7 +176,13 @@ def _common_options(func):
         ),
         config_option("--device", key="backends.device"),
         config_option("--seed", key="train.seed"),
-        click.option("-v", "--verbose", is_flag=True, help="Debug logging."),
+        click.option(
+            "-v",
+            "--verbose",
+            is_flag=True,
+            callback=_remember_verbose,
+            help="Debug logging, and the traceback of an error.",
+        ),
     ]
     for option in reversed(options):
         func = option(func)
@@ -242,22 +223,19 @@ def train_command(config_file, sets, data_path, verbose, resume_dir, overwrite, 
     from slime_gb10.grpo.checkpoint import is_checkpoint_dir, run_dir_of
 
     run_dir = None
-    try:
-        if resume_dir is not None:
-            run_dir = run_dir_of(resume_dir)
-            output = _cli_overrides().get("output.dir")
-            if output is not None and Path(output) != run_dir:
-                raise ConfigError(
-                    f"--resume continues the run in {run_dir}; do not also pass a different --output"
-                )
-            if overwrite:
-                raise ConfigError("--resume continues a run and --overwrite deletes it: pass one of them")
-            click.get_current_context().meta.setdefault("config_overrides", {})["output.dir"] = str(run_dir)
-        config = _config_from_cli(config_file, sets, data_path, run_dir)
-        if no_progress:
-            config.output.progress = False
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
+    if resume_dir is not None:
+        run_dir = run_dir_of(resume_dir)
+        output = _cli_overrides().get("output.dir")
+        if output is not None and Path(output) != run_dir:
+            raise ConfigError(
+                f"--resume continues the run in {run_dir}; do not also pass a different --output"
+            )
+        if overwrite:
+            raise ConfigError("--resume continues a run and --overwrite deletes it: pass one of them")
+        click.get_current_context().meta.setdefault("config_overrides", {})["output.dir"] = str(run_dir)
+    config = _config_from_cli(config_file, sets, data_path, run_dir)
+    if no_progress:
+        config.output.progress = False
     if print_config:
         click.echo(config.to_yaml(), nl=False)
         return
@@ -281,8 +259,6 @@ def train_command(config_file, sets, data_path, verbose, resume_dir, overwrite, 
             f"\ninterrupted by {signal_name(signal_of(exc))} before the first step; {way_on}", err=True
         )
         sys.exit(128 + signal_of(exc))
-    except _user_errors() as exc:
-        raise click.ClickException(str(exc)) from None
     finally:
         trainer.close()
     if trainer.dist.is_main:  # the other ranks of a torchrun job have nothing to report
@@ -374,28 +350,22 @@ def _num_prompts(value: str | None) -> int | str | None:
 )
 def eval_command(config_file, sets, data_path, verbose, num_prompts, output_file):
     """Greedy pass@1 with its 95% interval, format compliance, response length (and pass@k)."""
-    try:
-        count = _num_prompts(num_prompts)
-        overrides = {}
-        if count != "config":
-            overrides["eval.num_prompts"] = count
-            if count is not None:
-                overrides["data.eval_size"] = count
-        config = _config_from_cli(config_file, sets, data_path, extra=overrides)
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
+    count = _num_prompts(num_prompts)
+    overrides = {}
+    if count != "config":
+        overrides["eval.num_prompts"] = count
+        if count is not None:
+            overrides["data.eval_size"] = count
+    config = _config_from_cli(config_file, sets, data_path, extra=overrides)
     _setup_logging(verbose)
     _apply_runtime_fixes()
     from slime_gb10.utils.atomic import atomic_write_text, ensure_writable_dir
 
-    try:
-        if output_file:  # before the eval, not after it: a bad path must not cost the run
-            if Path(output_file).is_dir():
-                raise ConfigError(f"--output '{output_file}' is a directory: name a .json file")
-            ensure_writable_dir(Path(output_file).resolve().parent)
-        result = run_eval(config)
-    except _user_errors() as exc:
-        raise click.ClickException(str(exc)) from None
+    if output_file:  # before the eval, not after it: a bad path must not cost the run
+        if Path(output_file).is_dir():
+            raise ConfigError(f"--output '{output_file}' is a directory: name a .json file")
+        ensure_writable_dir(Path(output_file).resolve().parent)
+    result = run_eval(config)
     m = result.metrics
     click.echo(
         f"pass@1 (greedy) {m['pass@1']:.4f}  95% CI [{m['pass@1_ci_low']:.4f}, {m['pass@1_ci_high']:.4f}]  "
@@ -465,12 +435,9 @@ def run_eval(config: GRPOConfig):
 def sft_command(config_file, sets, data_path, verbose, overwrite, no_progress):
     """Supervised fine-tuning on the reference solutions (GSM8K's worked answers): a warm start for train."""
     from slime_gb10.grpo.interrupts import signal_name, signal_of, stop_on_signals
-    from slime_gb10.grpo.sft import SFTDataError, run_sft
+    from slime_gb10.grpo.sft import run_sft
 
-    try:
-        config = _config_from_cli(config_file, sets, data_path, None)
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
+    config = _config_from_cli(config_file, sets, data_path, None)
     if "output.dir" not in _cli_overrides() and not any(s.startswith("output.dir=") for s in sets):
         # not the config's own output.dir: that is where `train` with the same config writes
         config.output.dir = f"{config.output.dir}-sft"
@@ -479,8 +446,6 @@ def sft_command(config_file, sets, data_path, verbose, overwrite, no_progress):
     try:
         with stop_on_signals():  # SIGTERM and SIGHUP stop like Ctrl-C
             got = run_sft(config, overwrite=overwrite, progress=config.output.progress and not no_progress)
-    except (*_user_errors(), SFTDataError, FloatingPointError) as exc:
-        raise click.ClickException(str(exc)) from None
     except KeyboardInterrupt as exc:
         click.echo(
             f"\ninterrupted by {signal_name(signal_of(exc))}: SFT writes no checkpoints; start it again "
@@ -564,13 +529,9 @@ def compare_command(first, second):
 )
 def plot_command(run_dir, out_file):
     """Draw reward, length, entropy and KL curves of RUN_DIR/metrics.jsonl as a PNG."""
-    from slime_gb10.grpo.plot import PlotError, plot_run
-    from slime_gb10.utils.atomic import OutputPathError
+    from slime_gb10.grpo.plot import plot_run
 
-    try:
-        path = plot_run(run_dir, out_file)
-    except (PlotError, OutputPathError) as exc:
-        raise click.ClickException(str(exc)) from None
+    path = plot_run(run_dir, out_file)
     click.echo(f"wrote {path}")
 
 

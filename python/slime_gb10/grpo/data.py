@@ -22,10 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from slime_gb10.utils.errors import UserError
+
 DEFAULT_INSTRUCTION = "Put the final answer after ####."
 
 
-class DatasetError(ValueError):
+class DatasetError(UserError, ValueError):
     """A dataset cannot be used; the message names the file, the problem and the fix."""
 
 

@@ -41,10 +41,12 @@ from typing import Any
 
 import torch
 
+from slime_gb10.utils.errors import UserError
+
 log = logging.getLogger(__name__)
 
 
-class LaunchError(ValueError):
+class LaunchError(UserError, ValueError):
     """A distributed launch that cannot work (world size vs batch, unsupported backend, ranks that
     disagree on their settings or data)."""
 

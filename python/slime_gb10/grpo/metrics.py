@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from slime_gb10.utils.atomic import atomic_write_text, ensure_writable_dir
+from slime_gb10.utils.errors import UserError
 
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
 
 
-class ReporterUnavailableError(RuntimeError):
+class ReporterUnavailableError(UserError, RuntimeError):
     pass
 
 

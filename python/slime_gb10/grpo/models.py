@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from slime_gb10.utils.atomic import OutputPathError, atomic_directory
+from slime_gb10.utils.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_CACHE_NAME = "smollm2-135m-instruct"
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(UserError, RuntimeError):
     """The model or tokenizer cannot be loaded; the message says what to do."""
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from slime_gb10.grpo.metrics import METRICS_FILE, read_jsonl
 from slime_gb10.utils.atomic import atomic_open
+from slime_gb10.utils.errors import UserError
 
 # (metric keys, panel title): a panel is skipped when the run has no finite value for any of its keys.
 # Per-step training metrics are drawn with gaps at steps that have no value (a step whose groups
@@ -30,7 +31,7 @@ def _value(row: dict, key: str) -> float:
     return float(value) if isinstance(value, int | float) and math.isfinite(value) else math.nan
 
 
-class PlotError(RuntimeError):
+class PlotError(UserError, RuntimeError):
     pass
 
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from slime_gb10.utils.errors import UserError
+
 log = logging.getLogger(__name__)
 
 ENGINE_MODULES = {
@@ -29,7 +31,7 @@ BACKEND_MODULES = {
 }
 
 
-class BackendUnavailableError(RuntimeError):
+class BackendUnavailableError(UserError, RuntimeError):
     """The requested engine/backend cannot be imported; the message says what to install."""
 
 

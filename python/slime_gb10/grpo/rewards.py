@@ -37,6 +37,8 @@ import re
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 
+from slime_gb10.utils.errors import UserError
+
 logger = logging.getLogger(__name__)
 
 RewardFn = Callable[[str, str], float]
@@ -47,7 +49,7 @@ RewardFn = Callable[[str, str], float]
 MAX_ABS_REWARD = 1e6
 
 
-class RewardError(ValueError):
+class RewardError(UserError, ValueError):
     """A reward cannot be built or returned something no reward may return; the message names it."""
 
 

@@ -37,13 +37,19 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from slime_gb10.utils.errors import UserError
+
 log = logging.getLogger("slime_gb10.grpo")
 
 IGNORE = -100
 _CALCULATOR = re.compile(r"<<[^<>]*>>")
 
 
-class SFTDataError(ValueError):
+class SFTDiverged(UserError, FloatingPointError):
+    """A step's loss or gradient is not finite; the message names the step and the setting."""
+
+
+class SFTDataError(UserError, ValueError):
     """The data cannot be used for SFT; the message says why and what to pass instead."""
 
 
@@ -248,7 +254,7 @@ def _train(config, run_dir: Path, source: list, held_out: list, progress: bool) 
             loss = accumulate_step(model, batch, sft.micro_batch_size, pad_id, device, autocast)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), train.max_grad_norm))
             if not math.isfinite(loss) or not math.isfinite(grad_norm):
-                raise FloatingPointError(
+                raise SFTDiverged(
                     f"SFT step {step}: the loss or gradient is not finite; lower sft.lr (now {sft.lr})"
                 )
             optimizer.step()

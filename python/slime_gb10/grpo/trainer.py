@@ -37,15 +37,16 @@ from slime_gb10.grpo.interfaces import Generation, SamplingParams
 from slime_gb10.grpo.interrupts import TrainingInterrupted  # noqa: F401  (the CLI's and tests' name)
 from slime_gb10.grpo.metrics import NullLogger, eval_summary, progress_fields, step_mfu, step_row
 from slime_gb10.grpo.prompts import PromptEncoder, load_splits
+from slime_gb10.utils.errors import UserError
 
 log = logging.getLogger(__name__)
 
 
-class TrainingDiverged(RuntimeError):
+class TrainingDiverged(UserError, RuntimeError):
     """NaN/Inf loss or gradient norm; the message names the step and the last good checkpoint."""
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """The prompts cannot be used (empty, too long...)."""
 
 

@@ -48,6 +48,7 @@ from slime_gb10.nvfp4.linear import (
 )
 from slime_gb10.nvfp4.ops import dequantize, quantize
 from slime_gb10.utils.atomic import atomic_directory
+from slime_gb10.utils.errors import UserError
 
 WEIGHTS_NAME = "model.safetensors"
 HF_QUANT_CONFIG_NAME = "hf_quant_config.json"
@@ -56,7 +57,7 @@ QUANT_ALGO = "NVFP4"
 DEFAULT_KEEP_FP32 = ("*e_score_correction_bias",)
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint directory is not a usable NVFP4 checkpoint; the message says why."""
 
 

@@ -25,12 +25,13 @@ from importlib import resources
 from pathlib import Path
 
 from slime_gb10.platform import binaries, subproc
+from slime_gb10.utils.errors import UserError
 
 CUDA_SOURCE = "headers_sm121a.cu"  # runtime, CCCL, cuBLAS, cuRAND, FP16/BF16: a complete CUDA_HOME
 RUNTIME_SOURCE = "runtime_sm121a.cu"  # runtime, CCCL, BF16: what a bare toolkit has
 
 
-class AotError(RuntimeError):
+class AotError(UserError, RuntimeError):
     """A compile or the check of its result failed; the message says which and why."""
 
 

@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
+from slime_gb10.utils.errors import UserError
+
 _umask_lock = threading.Lock()
 
 
@@ -37,7 +39,7 @@ def _public_mode(path: str | os.PathLike, directory: bool) -> None:
     os.chmod(path, (0o777 if directory else 0o666) & ~current_umask())
 
 
-class OutputPathError(ValueError):
+class OutputPathError(UserError, ValueError):
     """An output path cannot be written; the message says why and what to do."""
 
 

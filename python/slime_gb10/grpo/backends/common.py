@@ -14,9 +14,10 @@ from collections.abc import Callable, Sequence
 import torch
 
 from slime_gb10.grpo.interfaces import TokenBatch
+from slime_gb10.utils.errors import UserError
 
 
-class NonFiniteError(FloatingPointError):
+class NonFiniteError(UserError, FloatingPointError):
     """A loss or gradient was NaN/Inf; the optimizer step was not taken."""
 
 

@@ -29,6 +29,8 @@ from typing import Any, Literal
 
 import torch
 
+from slime_gb10.utils.errors import UserError
+
 LayerSpecFlavor = Literal["te", "local"]
 LAYER_SPEC_FLAVORS: tuple[LayerSpecFlavor, ...] = ("te", "local")
 
@@ -36,7 +38,7 @@ LAYER_SPEC_FLAVORS: tuple[LayerSpecFlavor, ...] = ("te", "local")
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 
 
-class MappingError(ValueError):
+class MappingError(UserError, ValueError):
     """A checkpoint or config does not fit the HF ↔ Megatron mapping (names the problem and the fix)."""
 
 
