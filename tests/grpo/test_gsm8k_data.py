@@ -139,3 +139,32 @@ def test_a_corrupted_line_of_the_real_test_file_is_named_by_its_line(gsm8k_dir, 
         data.load_prompt_dataset(path)
     message = str(info.value)
     assert message.startswith(f"{path}:1321: ") and problem in message and "\n" not in message, message
+
+
+@pytest.mark.parametrize(
+    ("reward", "refused"),
+    [
+        ("auto", True),
+        ("gsm8k:1.0,format:0.1", True),
+        ("boxed_math", False),
+        ("gsm8k:1.0,boxed_math:1.0", False),
+    ],
+)
+def test_an_answer_with_no_number_is_refused_only_under_a_reward_that_compares_numbers(
+    tmp_path, reward, refused
+):
+    """A GSM8K-layout file of symbolic answers is fine for boxed_math (math-verify compares \\pi),
+    and can never be rewarded by gsm8k's number match."""
+    path = tmp_path / "symbolic.jsonl"
+    rows = [
+        {"question": f"Q{i}: the area of a unit circle?", "answer": "A = pi r^2.\n#### \\pi"}
+        for i in range(3)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = DataConfig(task="file", path=str(path), reward=reward, eval_size=1)
+    if refused:
+        with pytest.raises(data.DatasetError, match=r"symbolic\.jsonl:1: GSM8K answer ends in '#### \\pi'"):
+            load_splits(cfg, seed=0)
+    else:
+        train, held_out = load_splits(cfg, seed=0)
+        assert sorted(e.ground_truth for e in train + held_out) == ["\\pi"] * 3

@@ -155,6 +155,7 @@ def load_prompt_dataset(
     answer_key: str | None = None,
     layout: Literal["auto", "gsm8k", "generic"] = "auto",
     limit: int | None = None,
+    numeric_answers: bool = True,
 ) -> list[PromptExample]:
     """Read prompts and ground truths from a local ``.jsonl`` / ``.json`` / ``.parquet`` / ``.csv`` file.
 
@@ -212,6 +213,7 @@ def load_prompt_dataset(
         answer_key=answer_key,
         layout=layout,
         lines=lines[: len(records)] if lines is not None else None,
+        numeric_answers=numeric_answers,
     )
 
 
@@ -224,11 +226,13 @@ def examples_from_records(
     answer_key: str | None = None,
     layout: Literal["auto", "gsm8k", "generic"] = "auto",
     lines: Sequence[int] | None = None,
+    numeric_answers: bool = True,
 ) -> list[PromptExample]:
     """Records (dicts) of a file or a hub split -> examples; the layout rules of :func:`load_prompt_dataset`.
 
     An error about one record names it as ``SOURCE:LINE`` when ``lines`` (the 1-based line of each
-    record in a JSONL file) is given, else as ``SOURCE: record N`` (1-based)."""
+    record in a JSONL file) is given, else as ``SOURCE: record N`` (1-based). ``numeric_answers``
+    (the reward compares numbers: gsm8k) refuses a GSM8K answer with no number after ``####``."""
     p = source
     columns = _columns(records)
     if layout == "auto":
@@ -277,7 +281,7 @@ def examples_from_records(
                     f"{where}: GSM8K answer {answer!r:.80} has no '#### <answer>' line; use layout='generic' "
                     "if the column already holds the final answer"
                 )
-            if not any(c.isdigit() for c in truth):
+            if numeric_answers and not any(c.isdigit() for c in truth):
                 raise DatasetError(
                     f"{where}: GSM8K answer ends in '#### {truth:.40}' with no number after '####', so no "
                     "completion can ever be rewarded for it; write the final number there or remove the record"

@@ -47,6 +47,7 @@ def load_hub_split(
     answer_key: str | None = None,
     layout: Literal["auto", "gsm8k", "generic"] = "auto",
     limit: int | None = None,
+    numeric_answers: bool = True,
 ) -> list[PromptExample]:
     """One split of a hub dataset through ``datasets.load_dataset`` (its local cache first, then the hub).
 
@@ -77,8 +78,9 @@ def load_hub_split(
         raise DatasetError(f"{name} has no records")
     stem = f"{hub.repo.rstrip('/').rsplit('/', 1)[-1]}-{split}"
     return examples_from_records(
-        records, name, stem, prompt_key=prompt_key, answer_key=answer_key, layout=layout
-    )
+        records, name, stem, prompt_key=prompt_key, answer_key=answer_key, layout=layout,
+        numeric_answers=numeric_answers,
+    )  # fmt: skip
 
 
 def load_dataset_spec(spec: str, split: Literal["train", "test"] = "train", **kwargs) -> list[PromptExample]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from slime_gb10.grpo import data, hub_data, rg_tasks
+from slime_gb10.grpo import data, hub_data, rewards, rg_tasks
 
 log = logging.getLogger("slime_gb10.grpo")
 
@@ -43,6 +43,8 @@ def load_splits(cfg: Any, seed: int) -> tuple[Any, list[data.PromptExample]]:
             )
         return rg_tasks.load_splits(cfg.path, eval_size=cfg.eval_size, seed=seed, train_size=cfg.limit)
     columns = {"prompt_key": cfg.prompt_key, "answer_key": cfg.answer_key, "layout": cfg.layout}
+    # a GSM8K answer with no number can never be rewarded by a reward that compares numbers only
+    columns["numeric_answers"] = rewards.compares_numbers_only(cfg.reward_spec())
     examples = hub_data.load_dataset_spec(cfg.path, "train", limit=cfg.limit, **columns)
     eval_spec = cfg.eval_path or (cfg.path if hub_data.hub_dataset(cfg.path) is not None else None)
     if eval_spec is not None:

@@ -422,6 +422,13 @@ REWARDS: dict[str, RewardFn] = {
 }
 
 
+def compares_numbers_only(name_or_spec: str) -> bool:
+    """Whether every part of a reward spec that can score an answer compares numbers (gsm8k,
+    arithmetic): then a ground truth with no number in it can never be rewarded."""
+    names = {part.split(":", 1)[0].strip() for part in name_or_spec.split(",")} - {"format"}
+    return bool(names) and names <= {"gsm8k", "arithmetic"}
+
+
 def get_reward(name_or_spec: str) -> RewardFn:
     """A reward by name (``"gsm8k"``) or a weighted sum spec (``"gsm8k:1.0,format:0.1"``)."""
     spec = name_or_spec.strip()
