@@ -243,6 +243,38 @@ def test_ranks_with_different_data_all_refuse_naming_the_data(model_dir, tmp_pat
         assert "Traceback" not in log and "Loading weights" not in log
 
 
+def test_ranks_with_different_models_all_refuse_and_a_copy_under_another_path_trains(
+    model_dir, tmp_path, tokenizer
+):
+    """Ranks load their own copy of the model (no broadcast). Today's code refuses a copy under
+    another path (a setting that differs) and would train two different checkpoints if their paths
+    matched; now the weights are compared, not the path."""
+    import shutil
+
+    from slime_gb10.grpo.models import write_random_model
+
+    other = write_random_model(tmp_path / "other", tokenizer, seed=1, initializer_range=0.3)
+    copy = tmp_path / "copy"
+    shutil.copytree(model_dir, copy)
+    (tmp_path / "a").mkdir()
+    proc, ranks = train_per_rank(
+        model_dir, tmp_path / "a", {"1": {"args": ["--model", str(other)]}}, "--steps", "1"
+    )
+    assert proc.returncode != 0
+    for rank in (0, 1):
+        log = ranks[rank]["log"]
+        assert ranks[rank]["exit"] == 1, log[-3000:]
+        assert error_lines(log) == [
+            f"Error: ranks disagree on their model: the weights of rank 1 (model.name_or_path='{other}') "
+            f"differ from rank 0's (model.name_or_path='{model_dir}'); give every rank the same checkpoint"
+        ], log[-3000:]
+    (tmp_path / "b").mkdir()
+    proc, ranks = train_per_rank(
+        model_dir, tmp_path / "b", {"1": {"args": ["--model", str(copy)]}}, "--steps", "1"
+    )
+    assert proc.returncode == 0, ranks[1]["log"][-3000:]
+
+
 def test_a_rank_that_hangs_ends_the_job_with_one_line_naming_the_timeout_and_the_rank(model_dir, tmp_path):
     """Rank 1 sleeps in its first step; rank 0 waits train.dist_timeout_s in the step's first
     collective. Today's code: rank 0 dies of gloo's RuntimeError ("Timed out waiting 10000ms for

@@ -159,3 +159,33 @@ def test_one_rank_agrees_with_itself_without_collectives():
     splits = (_examples("1"), [])
     assert alone.agreed_data(build_config().data, splits) is splits
     alone.agree_on_settings(build_config())  # no process group: nothing to gather
+
+
+def _stream(seed: int, *, device: str = "cpu"):
+    from slime_gb10.grpo.weight_sync import WeightStream
+
+    gen = torch.Generator().manual_seed(seed)
+    tensors = [("embed.weight", torch.randn(300, 64, generator=gen)), ("norm.weight", torch.ones(64))]
+    return WeightStream(lambda: [(n, t.to(device)) for n, t in tensors], bucket_bytes=16 * 1024)
+
+
+def test_the_weights_digest_tells_checkpoints_apart_and_not_copies():
+    from slime_gb10.grpo.distributed import weights_digest
+
+    assert weights_digest(_stream(0)) == weights_digest(_stream(0))  # the same weights, loaded twice
+    assert weights_digest(_stream(0)) != weights_digest(_stream(1))
+
+
+def test_different_weights_are_one_line_naming_each_ranks_model():
+    from slime_gb10.grpo.distributed import weights_disagreement
+
+    same = {"model": "/data/smol", "digest": "a"}
+    assert weights_disagreement([same, {"model": "/mnt/b/smol", "digest": "a"}]) is None  # another path
+    assert weights_disagreement(
+        [same, same, {"model": None, "digest": "b"}, {"model": "/x", "digest": "c"}]
+    ) == (
+        "ranks disagree on their model: the weights of rank 2 (the embedded model) differ from rank 0's "
+        "(model.name_or_path='/data/smol') (also on rank 3); give every rank the same checkpoint"
+    )
+    # the checkpoint's path and each node's memory budget are each rank's own
+    assert {"model.name_or_path", "train.memory_budget_gib"} <= RANK_LOCAL_SETTINGS

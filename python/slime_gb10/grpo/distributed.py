@@ -36,6 +36,7 @@ import json
 import logging
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,6 +141,13 @@ class DistContext:
             _refuse(data_disagreement(self.gather(data_report(data_config, *splits))))
         return splits
 
+    def agree_on_weights(self, backend, model_path: str | None, bucket_bytes: int) -> None:
+        """Every rank starts from rank 0's weights (after a resume too), or every rank raises
+        :class:`LaunchError`: ranks do not broadcast weights, each loads its own copy."""
+        if self.enabled:
+            digest = weights_digest(backend.export_weights(bucket_bytes))
+            _refuse(weights_disagreement(self.gather({"model": model_path, "digest": digest})))
+
     # ------------------------------------------------------------------------- failed collectives
     @contextlib.contextmanager
     def _collective(self, what: str):
@@ -207,10 +215,13 @@ RANK_LOCAL_SETTINGS = frozenset(
     {
         # display only: rank 0 alone shows a progress bar (a launcher may turn it off elsewhere)
         "output.progress",
-        # compared by content instead (DistContext.agreed_data): the same file may live under
-        # another path on another node
+        # compared by content instead (DistContext.agreed_data, agree_on_weights): the same file
+        # or checkpoint may live under another path on another node
         "data.path",
         "data.eval_path",
+        "model.name_or_path",
+        # each rank's memory plan checks its own host's memory (two nodes may leave different room)
+        "train.memory_budget_gib",
     }
 )
 
@@ -314,6 +325,34 @@ def data_disagreement(gathered: list[dict[str, Any]]) -> str | None:
                 "give every rank the same data"
             )
     return None
+
+
+def weights_digest(stream: Iterable) -> str:
+    """A digest of a weight stream (``backend.export_weights``): every bucket's metadata and 4,096
+    evenly spaced bytes of its payload. Cheap at any model size, and two different checkpoints
+    differ in nearly every byte; equal weights give equal digests on any device."""
+    digest = hashlib.sha256()
+    for bucket in stream:
+        digest.update(repr(bucket.meta).encode())
+        payload = bucket.payload
+        digest.update(payload[:: max(1, payload.numel() // 4096)].cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def weights_disagreement(gathered: list[dict[str, Any]]) -> str | None:
+    """None when every rank's weights digest is rank 0's; else one line naming the ranks' models."""
+    ranks = [r for r, report in enumerate(gathered) if report["digest"] != gathered[0]["digest"]]
+    if not ranks:
+        return None
+    also = f" (also on {_ranks(ranks[1:])})" if len(ranks) > 1 else ""
+
+    def model(report: dict[str, Any]) -> str:
+        return f"model.name_or_path={report['model']!r}" if report["model"] else "the embedded model"
+
+    return (
+        f"ranks disagree on their model: the weights of rank {ranks[0]} ({model(gathered[ranks[0]])}) "
+        f"differ from rank 0's ({model(gathered[0])}){also}; give every rank the same checkpoint"
+    )
 
 
 def _refuse(problem: str | None) -> None:

@@ -186,6 +186,7 @@ class GRPOTrainer:
             self.logger = NullLogger()
         if self.dist.enabled:  # every rank sums its gradients with the others before clipping
             self.backend.grad_sync = self.dist.all_reduce_gradients
+        self.dist.agree_on_weights(self.backend, cfg.model.name_or_path, cfg.rollout.weight_bucket_mb * 2**20)
         self._sync_weights()  # the engine starts from exactly the trainer's weights
         self._boundary = self._snapshot()
 
