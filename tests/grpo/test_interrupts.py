@@ -279,14 +279,14 @@ def test_sighup_during_a_step_lets_it_finish_and_exits_129(tiny_dir, tmp_path, m
 @pytest.mark.slow
 def test_ctrl_c_during_the_step_0_eval_is_a_clean_stop_not_aborted(tiny_dir, tmp_path, monkeypatch):
     out = tmp_path / "run"
-    real_eval = GRPOTrainer.run_eval
+    real_eval = trainer_module.eval_run
 
-    def run_eval(self, *args, **kwargs):
-        if self.step == 0:
+    def eval_run(run, *args, **kwargs):
+        if run.step == 0:
             kill_self(signal.SIGINT)
-        return real_eval(self, *args, **kwargs)
+        return real_eval(run, *args, **kwargs)
 
-    monkeypatch.setattr(GRPOTrainer, "run_eval", run_eval)
+    monkeypatch.setattr(trainer_module, "eval_run", eval_run)
     eval_flags = ("--eval-every", "1", "--set", "data.eval_size=2", "--set", "eval.num_prompts=2")
     result = cli_train(tiny_dir, out, "--steps", "1", *eval_flags)
     assert result.exit_code == 130, result.output

@@ -1,5 +1,6 @@
-"""A step's completions as training batches: :class:`Sample`, right-padded :func:`collate`, and
-length-sorted microbatches (:func:`split_microbatches`)."""
+"""A step's completions as training batches: :class:`Sample`, right-padded :func:`collate`,
+length-sorted microbatches (:func:`split_microbatches`), and the update that trains on them
+(:func:`update_policy`: minibatches, epochs, the global token count under torchrun)."""
 
 from __future__ import annotations
 
@@ -60,3 +61,65 @@ def split_microbatches(samples: list[Sample], micro_batch_size: int) -> list[lis
     """Sort by length (less padding) and cut into microbatches of at most ``micro_batch_size``."""
     ordered = sorted(samples, key=lambda s: s.length)
     return [ordered[i : i + micro_batch_size] for i in range(0, len(ordered), micro_batch_size)]
+
+
+def has_reference_model(backend) -> bool:
+    """True when the backend overrides ``PolicyBackend.reference_logprobs`` (keeps a frozen reference)."""
+    from slime_gb10.grpo.interfaces import PolicyBackend
+
+    method = getattr(type(backend), "reference_logprobs", None)
+    return method is not None and method is not PolicyBackend.reference_logprobs
+
+
+def update_policy(
+    backend, samples: list[Sample], cfg, dist, pad_token_id: int
+) -> tuple[dict, int, float, float]:
+    """All optimizer steps of one GRPO step (``train.epochs`` x ``train.minibatches``, each cut into
+    microbatches); returns (mean metrics, tokens processed, mean grad norm, mean loss).
+
+    With one epoch and one minibatch the "old" policy of the PPO ratio is the current one (no extra
+    forward); otherwise its logprobs are computed once before the first update. Under torchrun
+    (``dist``) every rank takes the same number of optimizer steps, and each loss is divided by the
+    token (or sequence) count of the whole global minibatch."""
+    from slime_gb10.grpo import algo
+
+    on_policy = cfg.train.epochs == 1 and cfg.train.minibatches == 1
+    need_ref = cfg.algo.beta > 0 or cfg.algo.ref_kl_metric
+    if need_ref and not has_reference_model(backend):
+        if cfg.algo.beta > 0:
+            raise RuntimeError("algo.beta > 0 needs a backend with reference_logprobs()")
+        need_ref = False
+    # several ranks: the same number of optimizer steps everywhere, even with few local samples
+    count = cfg.train.minibatches if dist.enabled else min(cfg.train.minibatches, len(samples))
+    # Deterministic split into minibatches (every count-th sample), each cut into microbatches.
+    prepared, counts = [], []
+    for mb in (samples[i::count] for i in range(count)):
+        micro = []
+        for group in split_microbatches(mb, cfg.train.micro_batch_size):
+            batch, extras = collate(group, pad_token_id)
+            if not on_policy:
+                extras["old_logprobs"], _ = backend.logprobs(batch)
+            if need_ref:
+                extras["ref_logprobs"] = backend.reference_logprobs(batch)
+            micro.append((batch, extras))
+        if cfg.algo.loss_agg == "token-mean":
+            counts.append(float(sum(float(b.completion_mask.sum()) for b, _ in micro)))
+        else:
+            counts.append(float(sum(b.input_ids.shape[0] for b, _ in micro)))
+        prepared.append(micro)
+    for micro, total in zip(prepared, dist.sum(counts), strict=True):
+        for _, extras in micro:
+            extras["global_count"] = max(total, 1.0)
+
+    loss_fn = algo.build_loss(cfg.algo, cfg.rollout.max_new_tokens)
+    tokens, sums, grad_norms, losses = 0, {}, [], []
+    for _ in range(cfg.train.epochs):
+        for micro in prepared:
+            result = backend.train_step(micro, loss_fn)
+            grad_norms.append(result.grad_norm)
+            losses.append(result.loss)
+            for key, value in result.metrics.items():
+                sums[key] = sums.get(key, 0.0) + value
+            tokens += sum(int(b.attention_mask.sum()) for b, _ in micro)
+    steps = len(grad_norms)
+    return {k: v / steps for k, v in sums.items()}, tokens, sum(grad_norms) / steps, sum(losses) / steps

@@ -239,3 +239,40 @@ def load_for_resume(target: str | Path) -> tuple[Path, dict, dict]:
             )
         return path, policy, trainer
     raise CheckpointError(f"--resume: no readable checkpoint under '{target / CHECKPOINT_DIR}': {errors[0]}")
+
+
+def restore(run, resumed: tuple[Path, dict, dict]) -> None:
+    """Put a training run (``GRPOTrainer``, set up up to its sampler) back at a checkpoint
+    (``load_for_resume``'s ``(path, policy_state, trainer_state)``): weights and optimizer, the
+    sampler's position, this rank's RNG and the step; what came after it is discarded."""
+    from slime_gb10.grpo.metrics import METRICS_FILE, SAMPLES_FILE, truncate_after
+
+    path, policy_state, trainer_state = resumed
+    saved_world = int(trainer_state.get("world_size", 1))
+    if saved_world != run.dist.world_size:
+        raise CheckpointError(
+            f"checkpoint '{path}' was written by {saved_world} rank(s) and holds each one's RNG state; "
+            f"resume it with {saved_world} (torchrun --nproc-per-node {saved_world}), not {run.dist.world_size}"
+        )
+    try:
+        run.backend.load_state_dict(policy_state)
+        run.sampler.load_state_dict(trainer_state["sampler"])
+        ranks = trainer_state.get("rank_rng") or [trainer_state["rng"]]
+        set_rng_state(ranks[run.dist.rank])
+    except (KeyError, ValueError, RuntimeError, TypeError) as exc:
+        raise CheckpointError(
+            f"checkpoint '{path}' does not fit this run: {str(exc).strip().splitlines()[0]}"
+        ) from exc
+    run.step = int(trainer_state["step"])
+    # Resuming at step N discards what came after it: metrics, samples and any newer checkpoint
+    # (a save of step N + k must never find the discarded one in its place). Rank 0 alone: another
+    # rank's atomic rewrite could replace the file rank 0 appends to.
+    if run.dist.is_main:
+        for later_step, later in list_checkpoints(run.run_dir):
+            if later_step > run.step:
+                log.warning("removing checkpoint %s: the run resumes from step %d", later, run.step)
+                shutil.rmtree(later)
+        truncate_after(run.run_dir / METRICS_FILE, run.step)
+        truncate_after(run.run_dir / SAMPLES_FILE, run.step)
+    run._last_checkpoint = path
+    log.info("resumed from %s (step %d)", path, run.step)

@@ -13,11 +13,17 @@ prompt, for which it reduces to "at least one of the k passed".
 
 from __future__ import annotations
 
+import json
+import logging
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from slime_gb10.grpo.interfaces import RolloutEngine, SamplingParams
+from slime_gb10.grpo.interfaces import RolloutEngine, SamplingParams, step_seed
+
+log = logging.getLogger(__name__)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -182,3 +188,44 @@ def question_digest(question: str) -> str:
     import hashlib
 
     return hashlib.sha256(question.strip().encode("utf-8")).hexdigest()[:16]
+
+
+# ------------------------------------------------------------------------- during a training run
+def eval_run(run, num_prompts: int | None, prefix: str = "eval") -> tuple[dict, EvalResult]:
+    """The policy of a training run (``GRPOTrainer``: its engine, prompts, held-out examples,
+    reward and step) on its first ``num_prompts`` held-out examples (None: all), between steps:
+    ``({"<prefix>/<metric>": value, "<prefix>_time_s": seconds}, result)``."""
+    cfg = run.config
+    start = time.perf_counter()
+    run.engine.wake()
+    try:
+        result = evaluate_examples(
+            run.engine,
+            run.prompts,
+            run.eval_examples[:num_prompts],
+            run.reward_fn,
+            cfg,
+            seed=step_seed(cfg.train.seed + 1, run.step),
+        )
+    finally:
+        run.engine.sleep()
+    row = {f"{prefix}/{key}": value for key, value in result.metrics.items()}
+    row[f"{prefix}_time_s"] = time.perf_counter() - start
+    return row, result
+
+
+def final_eval(run) -> None:
+    """``eval.at_end``: the whole held-out split after the last step -> a metrics row and
+    ``eval_final.json`` (every question's outcome, for ``slime-gb10 compare``)."""
+    from slime_gb10.utils.atomic import atomic_write_text
+
+    row, result = eval_run(run, None, "final_eval")
+    run.logger.log_step({"step": run.step, **row})
+    document = {"step": run.step, "metrics": result.metrics, "questions": result.questions}
+    atomic_write_text(Path(run.run_dir) / "eval_final.json", json.dumps(document, indent=1) + "\n")
+    m = result.metrics
+    log.info(
+        "final eval on all %d held-out prompts: pass@1 %.4f [%.4f, %.4f], format %.3f (%.0f s)",
+        len(result.questions), m["pass@1"], m["pass@1_ci_low"], m["pass@1_ci_high"], m["format_rate"],
+        row["final_eval_time_s"],
+    )  # fmt: skip

@@ -23,6 +23,11 @@ if TYPE_CHECKING:
     from slime_gb10.grpo.weight_sync import WeightStream
 
 
+def step_seed(seed: int, step: int) -> int:
+    """A distinct, reproducible sampling seed per step (resume-safe: no hidden RNG state)."""
+    return (seed * 1_000_003 + step * 7919 + 17) % (2**31 - 1)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Sampling parameters, mapped 1:1 onto every engine (SGLang uses the same names)."""
@@ -35,6 +40,19 @@ class SamplingParams:
     # regular expressions: the completion ends where the first match ends (kept in the text)
     stop_regex: tuple[str, ...] = ()
     seed: int | None = None
+
+    @classmethod
+    def of_rollout(cls, rollout, seed: int | None = None) -> SamplingParams:
+        """The sampling of a ``RolloutConfig`` (a run's ``rollout`` section)."""
+        return cls(
+            max_new_tokens=rollout.max_new_tokens,
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            top_k=rollout.top_k,
+            stop=tuple(rollout.stop),
+            stop_regex=tuple(rollout.stop_regex),
+            seed=seed,
+        )
 
     @property
     def greedy(self) -> bool:

@@ -258,3 +258,21 @@ def step_mfu(
         return float(mfu(flops / seconds, device_peaks(device.index or 0), precision="bf16"))
     except Exception:  # platform helpers missing or no peak known for this GPU
         return None
+
+
+def sample_rows(
+    step: int, generations, rewards, truths, tokenizer, group_size: int, count: int
+) -> list[dict]:
+    """``samples.jsonl`` rows of one step: the first completion of each of the first ``count``
+    groups, with its prompt as the model saw it (special tokens kept)."""
+    return [
+        {
+            "step": step,
+            "prompt": tokenizer.decode(g.prompt_ids, skip_special_tokens=False),
+            "completion": g.text,
+            "reward": rewards[i],
+            "ground_truth": truths[i],
+            "finish_reason": g.finish_reason,
+        }
+        for i, g in list(enumerate(generations))[:: max(1, group_size)][:count]
+    ]

@@ -195,3 +195,33 @@ def encode_prompt(
 
     ids = encode(before) + encode(question.strip(), split_special_tokens=True) + encode(after)
     return text, ids
+
+
+def run_splits(config: Any, dist: Any) -> tuple[Any, list[data.PromptExample]]:
+    """A training run's ``(training source, held-out examples)``: :func:`load_splits` of
+    ``config.data``, the same on every rank of ``dist`` (or all refuse)."""
+    cfg = config.data
+    source, eval_examples = dist.agreed_data(cfg, load_splits(cfg, config.train.seed))
+    if isinstance(source, list) and not source:
+        raise data.DatasetError(
+            f"no training prompts left in '{cfg.path}' after holding out {cfg.eval_size} for eval"
+        )
+    return source, eval_examples
+
+
+def run_sampler(
+    config: Any, prompts: PromptEncoder, source: Any, eval_examples: list
+) -> tuple[data.PromptSampler, list[data.PromptExample]]:
+    """The prompt sampler of a run's training source and its held-out examples, both less the
+    prompts over ``rollout.max_prompt_tokens``."""
+    if isinstance(source, list):
+        source = prompts.drop_long(source, "training")
+        if not source:
+            raise data.DatasetError(
+                f"every training prompt is longer than rollout.max_prompt_tokens="
+                f"{config.rollout.max_prompt_tokens}; raise it"
+            )
+    sampler = data.PromptSampler(
+        source, batch_size=config.rollout.prompts_per_step, seed=config.train.seed, order=config.data.order
+    )
+    return sampler, prompts.drop_long(eval_examples, "eval")

@@ -422,6 +422,22 @@ REWARDS: dict[str, RewardFn] = {
 }
 
 
+class FailureStreak:
+    """Stops a run whose reward failed on every sample for ``limit`` steps in a row."""
+
+    def __init__(self, limit: int, reward_fn: RewardFn):
+        self.limit, self.name, self.steps = limit, getattr(reward_fn, "__name__", "the reward"), 0
+
+    def check(self, errors: int, total: int, step: int) -> None:
+        self.steps = self.steps + 1 if errors == total else 0
+        if self.steps >= self.limit:
+            raise RewardError(
+                f"step {step}: reward {self.name} failed on every sample for {self.limit} steps in a row (the "
+                "first error is logged above), so there is nothing to learn from; fix the reward or the data "
+                "(data.reward, the ground-truth column) and start again"
+            )
+
+
 def compares_numbers_only(name_or_spec: str) -> bool:
     """Whether every part of a reward spec that can score an answer compares numbers (gsm8k,
     arithmetic): then a ground truth with no number in it can never be rewarded."""
