@@ -11,8 +11,6 @@ procedural arithmetic task, small enough to finish on a CPU in minutes.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -20,11 +18,14 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from slime_gb10.utils.errors import UserError
-
-
-class ConfigError(UserError, ValueError):
-    """A configuration cannot be used; the message names the key and the fix."""
+from slime_gb10.grpo.config_files import (  # noqa: F401  (importers take them from here too)
+    RECIPES_DIR,
+    ConfigError,
+    deep_set,
+    load_config_file,
+    parse_set_override,
+    recipes,
+)
 
 
 class _Section(BaseModel):
@@ -254,6 +255,10 @@ class TrainConfig(_Section):
 
 
 class AlgoConfig(_Section):
+    loss: Literal["grpo"] = Field(
+        default="grpo",
+        description="The policy loss (grpo/algo.py LOSSES): grpo, the clipped surrogate with the settings below.",
+    )
     eps_low: float = Field(default=0.2, ge=0.0, description="PPO clip: the ratio's floor is 1 - eps_low.")
     eps_high: float = Field(
         default=0.28, ge=0.0, description="PPO clip: the ratio's ceiling is 1 + eps_high (DAPO clip-higher)."
@@ -531,71 +536,6 @@ def format_validation_error(exc: ValidationError) -> str:
             shown = "" if isinstance(value, dict) else f" (got {value!r})"
             lines.append(f"config key '{key}': {err['msg']}{shown}")
     return "invalid configuration:\n  " + "\n  ".join(lines)
-
-
-RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
-
-
-def recipes() -> list[str]:
-    """The names of the recipes shipped with the package (``--config NAME``)."""
-    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
-
-
-def load_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a YAML or JSON config file, or a shipped recipe by name, into a dict; errors name the file."""
-    p = Path(path)
-    if not p.is_file() and (RECIPES_DIR / f"{path}.yaml").is_file():
-        p = RECIPES_DIR / f"{path}.yaml"
-    if not p.is_file():
-        raise ConfigError(
-            f"config file '{p}' does not exist: pass a YAML/JSON file, or a recipe name ({', '.join(recipes())})"
-        )
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"config file '{p}' is not UTF-8 text ({exc.reason} at byte {exc.start}): save it as UTF-8"
-        ) from None
-    try:
-        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(
-            f"config file '{p}' is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}"
-        ) from exc
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file '{p}' must hold a mapping of sections, got {type(data).__name__}")
-    return data
-
-
-def parse_set_override(item: str) -> tuple[list[str], Any]:
-    """``"train.lr=1e-5"`` -> (["train", "lr"], 1e-5); the value is parsed as a YAML scalar."""
-    if "=" not in item:
-        raise ConfigError(f"--set expects section.key=value, got '{item}'")
-    key, raw = item.split("=", 1)
-    parts = [p for p in key.strip().split(".") if p]
-    if not parts:
-        raise ConfigError(f"--set expects section.key=value, got '{item}'")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"--set {key}: cannot parse value '{raw}': {exc}") from exc
-    if isinstance(value, str):  # YAML 1.1 reads "1e-5" as a string; numbers are meant
-        with contextlib.suppress(ValueError):
-            value = float(value) if any(c in value for c in ".eE") else int(value)
-    return parts, value
-
-
-def deep_set(data: dict[str, Any], parts: list[str], value: Any) -> None:
-    node = data
-    for part in parts[:-1]:
-        child = node.get(part)
-        if not isinstance(child, dict):
-            child = {}
-            node[part] = child
-        node = child
-    node[parts[-1]] = value
 
 
 def build_config(
