@@ -360,3 +360,16 @@ def test_grpo_loss_object_binds_the_config_and_defaults_old_to_the_detached_curr
         max_len=4, global_count=7.0,
     )  # fmt: skip
     assert torch.equal(got, expected)
+
+
+def test_the_loss_is_built_by_its_config_name():
+    from slime_gb10.grpo.algo import LOSSES, GRPOLoss, build_loss
+    from slime_gb10.grpo.config import AlgoConfig, ConfigError, build_config
+
+    loss_fn = build_loss(AlgoConfig(eps_high=0.3, loss_agg="seq-mean"), max_new_tokens=16)
+    assert loss_fn == GRPOLoss(eps_high=0.3, tis_cap=2.0, loss_agg="seq-mean", max_len=16)
+    assert sorted(LOSSES) == sorted(
+        AlgoConfig.model_fields["loss"].annotation.__args__
+    )  # each name has a class
+    with pytest.raises(ConfigError, match=r"algo\.loss"):
+        build_config(sets=["algo.loss=gspo"])

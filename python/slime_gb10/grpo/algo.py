@@ -386,3 +386,14 @@ class GRPOLoss:
             global_count=extras["global_count"],
             **{name: getattr(self, name) for name in self.__dataclass_fields__},
         )
+
+
+# The losses a run can name (``algo.loss``): a new one (GSPO, say) is a class here with a
+# ``from_config(algo, max_new_tokens)`` and a ``__call__`` like GRPOLoss's, plus its config
+# value; the trainer and the backends never name a loss.
+LOSSES = {"grpo": GRPOLoss}
+
+
+def build_loss(algo, max_new_tokens: int):
+    """The ``loss_fn`` of an :class:`~slime_gb10.grpo.config.AlgoConfig` (``algo.loss``)."""
+    return LOSSES[algo.loss].from_config(algo, max_new_tokens)
