@@ -68,6 +68,31 @@ def test_no_import_cycle():
     assert find_cycle(import_graph()) is None
 
 
+# The layers, lowest first: a module may import its own layer and those below, never one above
+# (issue #38: the doctor sits above what it checks). The top level (cli, doctor, bench) is above all.
+LAYERS = ["slime_gb10.utils", "slime_gb10.platform", "slime_gb10.nvfp4", "slime_gb10.grpo"]
+
+
+def _layer(module: str) -> int:
+    for number, prefix in enumerate(LAYERS):
+        if module == prefix or module.startswith(prefix + "."):
+            return number
+    return len(LAYERS)
+
+
+def test_no_import_from_a_lower_layer_to_a_higher_one():
+    assert (
+        _layer("slime_gb10.platform.checks") < _layer("slime_gb10.grpo.trainer") < _layer("slime_gb10.doctor")
+    )
+    upward = sorted(
+        f"{module} -> {dep}"
+        for module, deps in import_graph().items()
+        for dep in deps
+        if _layer(dep) > _layer(module)
+    )
+    assert not upward, upward
+
+
 def test_no_markdown_and_no_cuda_strings_in_the_package():
     assert not list(PACKAGE.rglob("*.md"))
     for path in PACKAGE.rglob("*.py"):
@@ -86,7 +111,7 @@ def test_nvfp4_exports_everything_it_lists_and_the_doctor_loads_no_torch():
     assert sorted(nvfp4.__all__) == sorted(nvfp4._EXPORTS)
     for name in nvfp4.__all__:
         assert getattr(nvfp4, name) is not None
-    code = "import sys, slime_gb10.platform.doctor; print('torch' in sys.modules)"
+    code = "import sys, slime_gb10.doctor as d; d.registered_checks(); print('torch' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )

@@ -17,7 +17,7 @@ from slime_gb10.utils.errors import VERBOSE, UserError, os_error_message
 
 # name -> "module:attribute" of a click.Command
 SUBCOMMANDS: dict[str, str] = {
-    "doctor": "slime_gb10.platform.doctor:doctor_command",
+    "doctor": "slime_gb10.doctor:doctor_command",
     "train": "slime_gb10.grpo.cli:train_command",
     "sft": "slime_gb10.grpo.cli:sft_command",
     "eval": "slime_gb10.grpo.cli:eval_command",

@@ -109,8 +109,8 @@ def test_one_grpo_step_through_sglang(tiny_model_dir, tmp_path, sglang_ok):
 
 
 def test_generations_carry_one_logprob_per_token_and_match_the_trainer(engine_and_backend):
+    from slime_gb10.grpo.batching import Sample, collate
     from slime_gb10.grpo.interfaces import SamplingParams
-    from slime_gb10.grpo.trainer import Sample, collate
 
     engine, backend, tokenizer = engine_and_backend
     engine.health_check()

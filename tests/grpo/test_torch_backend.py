@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from slime_gb10.grpo.backends.torch_backend import NonFiniteError, TorchPolicyBackend
-from slime_gb10.grpo.batching import right_padded
+from slime_gb10.grpo.batching import Sample, collate, right_padded
 from slime_gb10.grpo.engines.torch_engine import TorchRolloutEngine
 from slime_gb10.grpo.interfaces import SamplingParams, TokenBatch
 from slime_gb10.grpo.models import (
@@ -21,7 +21,6 @@ from slime_gb10.grpo.models import (
     load_causal_lm,
     write_random_model,
 )
-from slime_gb10.grpo.trainer import Sample, collate
 
 
 @pytest.fixture(scope="module")

@@ -19,23 +19,23 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from slime_gb10.platform import doctor
-from slime_gb10.platform.doctor import (
+from slime_gb10.doctor import doctor_command, registered_checks
+from slime_gb10.platform.checks import (
     CHECKS,
-    PACKAGES,
     Check,
     CheckResult,
+    ChildResult,
     DoctorContext,
-    check_package,
-    check_ptxas_for,
-    doctor_command,
     register_check,
     run_registered,
+    summarize,
 )
+from slime_gb10.platform.checks_packages import PACKAGES, check_package
+from slime_gb10.platform.checks_system import check_ptxas_for
 from slime_gb10.platform.probe import Probe
 
-GPU_CHECKS = [c.name for c in CHECKS if c.gpu]
-ALL_CHECKS = [c.name for c in CHECKS]
+GPU_CHECKS = [c.name for c in registered_checks() if c.gpu]
+ALL_CHECKS = [c.name for c in registered_checks()]
 SGL_KERNEL = next(p for p in PACKAGES if p.check == "sgl_kernel")
 
 
@@ -145,8 +145,8 @@ def test_a_package_installed_without_its_dependencies_is_a_warning_that_says_so(
     says so (a warning, with how to install it for use), instead of failing the README's first command.
     A package whose declared requirements are all there but still misses a module stays a failure.
     Real distributions on sys.path (METADATA written here) and a real child interpreter."""
+    from slime_gb10.platform.checks import DoctorContext
     from slime_gb10.platform.checks_packages import PackageSpec, check_package
-    from slime_gb10.platform.doctor import DoctorContext
 
     for dist, requires in (("halfpkg", "Requires-Dist: not-installed-dep-xyz\nRequires-Dist: other-dep-xyz; "
                             "sys_platform == 'never'\n"), ("brokenpkg", "")):  # fmt: skip
@@ -548,11 +548,11 @@ def test_doctor_on_a_real_gpu_has_no_fail():
         "cublas_bf16",
     ):
         assert by_name[name]["status"] == "ok", by_name[name]
-    assert doctor.summarize([CheckResult(**c) for c in report["checks"]])["fail"] == 0
+    assert summarize([CheckResult(**c) for c in report["checks"]])["fail"] == 0
 
 
 def test_grpo_backend_pair_names():
-    from slime_gb10.platform.doctor import grpo_backend_pair
+    from slime_gb10.grpo.selfcheck import grpo_backend_pair
 
     assert grpo_backend_pair(True, True) == "sglang+megatron"
     # auto never mixes: the production pair only when both run (explicit --rollout/--trainer may mix)
@@ -563,7 +563,7 @@ def test_grpo_backend_pair_names():
 
 def test_grpo_backends_without_gpu_is_the_pytorch_path():
     from slime_gb10.grpo.selfcheck import check_grpo_backends
-    from slime_gb10.platform.doctor import DoctorContext
+    from slime_gb10.platform.checks import DoctorContext
 
     ctx = DoctorContext()
     if ctx.gpu:
@@ -576,8 +576,8 @@ def test_sglang_router_is_optional_but_a_broken_one_warns(tmp_path, monkeypatch)
     """One-GPU colocated runs never use the router: missing is a skip; an install whose import
     fails (blocker #12: the x86_64-only fork wheel) is a warning with the fix. Real packages on
     sys.path and a real child interpreter, nothing of the doctor mocked."""
+    from slime_gb10.platform.checks import DoctorContext
     from slime_gb10.platform.checks_system import check_sglang_router
-    from slime_gb10.platform.doctor import DoctorContext
 
     (tmp_path / "sglang").mkdir()
     (tmp_path / "sglang" / "__init__.py").write_text("")
@@ -638,7 +638,7 @@ def test_w4a16_kernels_verdicts(monkeypatch, child, status, phrase):
 
     monkeypatch.setattr(selfcheck, "installed", lambda name: True)
     monkeypatch.setattr(
-        selfcheck, "run_child_module", lambda module, timeout, *a, **k: doctor.ChildResult(0, "", "", child)
+        selfcheck, "run_child_module", lambda module, timeout, *a, **k: ChildResult(0, "", "", child)
     )
     result = _run(
         "w4a16_kernels", gpu_probe(capability=(9, 0), name="NVIDIA H100 80GB HBM3", integrated=False)
@@ -705,3 +705,28 @@ def test_a_tool_that_exits_but_leaves_a_grandchild_holding_stdout(tmp_path):
         time.sleep(0.05)
     else:
         pytest.fail(f"grandchild {pid} still running")
+
+
+def test_the_report_order_comes_from_the_registry_whatever_was_imported_first():
+    """Checks registered by modules above the platform layer sit where their ``before`` says, even
+    when those modules were imported before the platform's own (a fresh interpreter each)."""
+    expected = [
+        "platform", "python", "torch", "gpu", "driver", "cuda_runtime", "compute_capability", "torch_arch_list",
+        "triton_ptxas", "triton_jit", "cublas_bf16", "sglang", "sgl_kernel", "megatron_core",
+        "transformer_engine", "te_nvfp4", "w4a16_kernels", "unified_memory", "cudnn", "antlr4_omegaconf",
+        "megatron_training", "tilelang_z3", "sglang_router", "cuda_headers", "grpo_backends", "distributed",
+        "runtime_fixes",
+    ]  # fmt: skip
+    for first in (
+        "slime_gb10.grpo.selfcheck",
+        "slime_gb10.nvfp4.selfcheck",
+        "slime_gb10.platform.checks_system",
+    ):
+        code = (
+            f"import json, {first}, slime_gb10.doctor as d; "
+            "print(json.dumps([c.name for c in d.registered_checks()]))"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+        )
+        assert json.loads(out.stdout) == expected, first

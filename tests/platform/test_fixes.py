@@ -60,7 +60,8 @@ def test_importing_the_package_changes_nothing():
     out = run_in_child(
         """
         before = dict(os.environ)
-        import slime_gb10, slime_gb10.platform, slime_gb10.platform.doctor, slime_gb10.platform.fixes
+        import slime_gb10, slime_gb10.platform, slime_gb10.doctor, slime_gb10.platform.fixes
+        slime_gb10.doctor.registered_checks()
         print(json.dumps({"same": dict(os.environ) == before, "torch": "torch" in sys.modules}))
         """
     )

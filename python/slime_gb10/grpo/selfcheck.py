@@ -17,14 +17,14 @@ def grpo_backend_pair(sglang_ok: bool, megatron_ok: bool) -> str:
     return "+".join(auto_pair(sglang_ok, megatron_ok))
 
 
-@register_check("grpo_backends")
+@register_check("grpo_backends", before="distributed")
 def check_grpo_backends(ctx: DoctorContext) -> CheckResult:
     """Which rollout engine + policy backend pair this machine can run (SGLang / Megatron-core, else PyTorch)."""
     if not ctx.gpu:
         return CheckResult.ok(
             "grpo_backends", f"auto = torch+torch (the portable PyTorch path; {ctx.no_gpu_reason()})"
         )
-    child = run_child_module("slime_gb10.platform.probes.grpo_backends", ctx.timeout_s)
+    child = run_child_module("slime_gb10.grpo.probe_backends", ctx.timeout_s)
     if child.data is None:
         return CheckResult.warn(
             "grpo_backends",

@@ -17,7 +17,7 @@ from slime_gb10.platform.devices import sm_arch
 _TE_REBUILD = next(p.rebuild for p in PACKAGES if p.check == "transformer_engine")
 
 
-@register_check("te_nvfp4", gpu=True)
+@register_check("te_nvfp4", gpu=True, before="unified_memory")
 def check_te_nvfp4(ctx: DoctorContext) -> CheckResult:
     """TransformerEngine's NVFP4 recipe is available (sm_12x needs NVFP4BlockScaling(disable_rht=True))."""
     if not installed("transformer_engine"):
@@ -28,7 +28,7 @@ def check_te_nvfp4(ctx: DoctorContext) -> CheckResult:
         return CheckResult.skip(
             "te_nvfp4", f"NVFP4 tensor cores need Blackwell; this GPU is {sm_arch(ctx.capability)}"
         )
-    child = run_child_module("slime_gb10.platform.probes.te_nvfp4", ctx.timeout_s)
+    child = run_child_module("slime_gb10.nvfp4.probe_te_nvfp4", ctx.timeout_s)
     if child.data is None:
         return CheckResult.fail("te_nvfp4", f"the TE NVFP4 probe {child.how_it_ended()}", _TE_REBUILD)
     data = child.data
@@ -53,7 +53,7 @@ def check_te_nvfp4(ctx: DoctorContext) -> CheckResult:
     return CheckResult.ok("te_nvfp4", "NVFP4 available", **data)
 
 
-@register_check("w4a16_kernels", gpu=True)
+@register_check("w4a16_kernels", gpu=True, before="unified_memory")
 def check_w4a16_kernels(ctx: DoctorContext) -> CheckResult:
     """NVFP4Linear's w4a16 kernels run and are right: the CUDA one (NVRTC, M <= 32) and the two Triton
     ones (the wide kernel takes M > 16 on large weights: on GB10, mma.sync instead of Hopper's wgmma)."""
@@ -61,7 +61,7 @@ def check_w4a16_kernels(ctx: DoctorContext) -> CheckResult:
         return CheckResult.skip(
             "w4a16_kernels", "Triton is not installed: w4a16 dequantizes and calls cuBLAS"
         )
-    child = run_child_module("slime_gb10.platform.probes.w4a16", ctx.timeout_s)
+    child = run_child_module("slime_gb10.nvfp4.probe_w4a16", ctx.timeout_s)
     if child.data is None:
         return CheckResult.fail(
             "w4a16_kernels",

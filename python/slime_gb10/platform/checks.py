@@ -125,6 +125,7 @@ class Check:
     fn: CheckFn
     gpu: bool  # skipped automatically when no GPU is visible
     help: str
+    before: str | None = None  # the check this one is reported just before (see in_report_order)
 
 
 CHECKS: list[Check] = []
@@ -136,12 +137,29 @@ def register_check(name: str, *, gpu: bool = False, help: str = "", before: str 
     def decorate(fn: CheckFn) -> CheckFn:
         if any(check.name == name for check in CHECKS):
             raise ValueError(f"a doctor check named {name!r} is already registered")
-        check = Check(name, fn, gpu, help or (fn.__doc__ or "").strip().splitlines()[0])
+        check = Check(name, fn, gpu, help or (fn.__doc__ or "").strip().splitlines()[0], before)
         names = [c.name for c in CHECKS]
         CHECKS.insert(names.index(before) if before in names else len(CHECKS), check)
         return fn
 
     return decorate
+
+
+def in_report_order(checks: list[Check], modules: list[str]) -> list[Check]:
+    """``checks`` as the report lists them, whatever order their modules were imported in: those of
+    ``modules[0]`` in registration order, then each later module's, each placed just before the
+    check it names in ``before`` (at the end when it names none or one not there); checks of any
+    other module come last."""
+
+    def of(module: str) -> list[Check]:
+        return [c for c in checks if c.fn.__module__ == module]
+
+    ordered = of(modules[0])
+    for module in modules[1:]:
+        for check in of(module):
+            names = [c.name for c in ordered]
+            ordered.insert(names.index(check.before) if check.before in names else len(ordered), check)
+    return ordered + [c for c in checks if c not in ordered]
 
 
 # --- running code in a child with a time limit ---------------------------------------------------

@@ -47,7 +47,7 @@ def _active(device: dict) -> bool:
     return any("ACTIVE" in port["state"] for port in device["ports"])
 
 
-@register_check("distributed")
+@register_check("distributed", before="runtime_fixes")
 def check_distributed(ctx: DoctorContext) -> CheckResult:
     """Under torchrun: NCCL (or gloo) joins every rank, an all-reduce sums right, its bus bandwidth; RDMA devices."""
     world = int(os.environ.get("WORLD_SIZE", "1"))

@@ -232,4 +232,4 @@ def _make_package_check(spec: PackageSpec) -> CheckFn:
 
 
 for _spec in PACKAGES:
-    register_check(_spec.check)(_make_package_check(_spec))
+    register_check(_spec.check, before="unified_memory")(_make_package_check(_spec))

@@ -1,4 +1,4 @@
-"""``python -m slime_gb10.platform.probes.w4a16``: NVFP4Linear's w4a16 kernels (CUDA, Triton, wide) on
+"""``python -m slime_gb10.nvfp4.probe_w4a16``: NVFP4Linear's w4a16 kernels (CUDA, Triton, wide) on
 GPU 0 against a float64 reference, relative error per engine or its error (one JSON line; the doctor's
 ``w4a16_kernels`` check)."""
 

@@ -1,18 +1,22 @@
 """``slime-gb10 doctor``: check this machine's GPU stack, one line per check, with the exact fix.
 
-Checks are a registry (:data:`CHECKS`, an ordered list; add one with :func:`register_check`), the
-framework in :mod:`~slime_gb10.platform.checks`; the checks by subject: the machine
-(:mod:`~slime_gb10.platform.checks_system`), the optional packages
-(:mod:`~slime_gb10.platform.checks_packages`), and the self-checks beside the code they check
-(:mod:`slime_gb10.nvfp4.selfcheck`, :mod:`slime_gb10.grpo.selfcheck`). Each
-returns a :class:`CheckResult` with status ``ok`` / ``warn`` / ``fail`` / ``skip``. Anything that may
-hang or crash (CUDA init, Triton JIT, ptxas, cuobjdump, importing sglang or TransformerEngine) runs
-in a child process with a time limit, and every check runs in its own thread with a deadline, so a
-segfault or a hang becomes a ``fail`` line, never a hung doctor. Exit status 1 only if a check fails.
+The doctor sits above everything it checks: the framework and the machine's checks live in
+:mod:`slime_gb10.platform` (:mod:`~slime_gb10.platform.checks`: the registry :data:`CHECKS`,
+:func:`register_check`; :mod:`~slime_gb10.platform.checks_system`, the optional packages in
+:mod:`~slime_gb10.platform.checks_packages`, torchrun in :mod:`~slime_gb10.platform.checks_distributed`),
+the self-checks beside the code they check (:mod:`slime_gb10.nvfp4.selfcheck`,
+:mod:`slime_gb10.grpo.selfcheck`). Importing them registers their checks; the report's order is the
+registry's (each check that belongs between others says so with ``register_check(before=...)``).
+Each returns a :class:`CheckResult` with status ``ok`` / ``warn`` / ``fail`` / ``skip``. Anything that
+may hang or crash (CUDA init, Triton JIT, ptxas, cuobjdump, importing sglang or TransformerEngine)
+runs in a child process with a time limit, and every check runs in its own thread with a deadline,
+so a segfault or a hang becomes a ``fail`` line, never a hung doctor. Exit status 1 only if a check
+fails.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -21,64 +25,33 @@ from pathlib import Path
 
 import click
 
-from slime_gb10.grpo import selfcheck as _grpo_selfcheck  # noqa: F401 - registers its check
-from slime_gb10.grpo.selfcheck import grpo_backend_pair  # noqa: F401
-from slime_gb10.nvfp4 import selfcheck as _nvfp4_selfcheck  # noqa: F401 - registers its checks
-from slime_gb10.platform import (  # noqa: F401 - register their checks
-    checks_distributed,
-    checks_packages,
-    checks_system,
-)
-from slime_gb10.platform.checks import (  # noqa: F401 - the doctor's public names, re-exported
+from slime_gb10.platform.checks import (
     CHECKS,
     DEFAULT_TIMEOUT_S,
-    Check,
-    CheckResult,
-    ChildResult,
-    DoctorContext,
     doctor_context,
     format_text,
-    register_check,
+    in_report_order,
     report_json,
-    run_checks,
     run_registered,
-    summarize,
 )
-from slime_gb10.platform.checks_packages import PACKAGES, PackageSpec, check_package  # noqa: F401
-from slime_gb10.platform.checks_system import check_ptxas_for  # noqa: F401
 
-# The report's order: the machine, Triton and cuBLAS, the packages and their self-checks, memory and
-# the run-time blockers, the GRPO pair, the fixes. A check registered elsewhere comes last.
-ORDER = (
-    "platform",
-    "python",
-    "torch",
-    "gpu",
-    "driver",
-    "cuda_runtime",
-    "compute_capability",
-    "torch_arch_list",
-    "triton_ptxas",
-    "triton_jit",
-    "cublas_bf16",
-    "sglang",
-    "sgl_kernel",
-    "megatron_core",
-    "transformer_engine",
-    "te_nvfp4",
-    "w4a16_kernels",
-    "unified_memory",
-    "cudnn",
-    "antlr4_omegaconf",
-    "megatron_training",
-    "tilelang_z3",
-    "sglang_router",
-    "cuda_headers",
-    "grpo_backends",
-    "distributed",
-    "runtime_fixes",
-)
-CHECKS.sort(key=lambda check: ORDER.index(check.name) if check.name in ORDER else len(ORDER))
+# The modules whose checks the doctor runs, the machine's first: importing one registers its checks,
+# and the report lists them in this order (a check that belongs among another module's says where
+# with register_check(before=...)).
+CHECK_MODULES = [
+    "slime_gb10.platform.checks_system",
+    "slime_gb10.platform.checks_packages",
+    "slime_gb10.nvfp4.selfcheck",
+    "slime_gb10.platform.checks_distributed",
+    "slime_gb10.grpo.selfcheck",
+]
+
+
+def registered_checks() -> list:
+    """Every doctor check, imported and in the report's order."""
+    for module in CHECK_MODULES:
+        importlib.import_module(module)
+    return in_report_order(CHECKS, CHECK_MODULES)
 
 
 def _validate_arch(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -138,7 +111,7 @@ def doctor_command(
         ctx.ptxas_arch = ptxas_arch
     except ValueError as exc:  # e.g. a malformed SLIME_GB10_DISABLE_FIXES
         raise click.ClickException(str(exc)) from None
-    results = run_registered(ctx, CHECKS)
+    results = run_registered(ctx, registered_checks())
     # Under torchrun rank 0 writes and prints the report and gives the verdict: the other ranks take
     # part in the collectives and exit 0 (a failing exit would make torchrun kill rank 0 mid-report).
     if int(os.environ.get("RANK", "0")) != 0:

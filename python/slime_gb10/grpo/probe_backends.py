@@ -1,4 +1,4 @@
-"""``python -m slime_gb10.platform.probes.grpo_backends``: whether the SGLang engine and the Megatron
+"""``python -m slime_gb10.grpo.probe_backends``: whether the SGLang engine and the Megatron
 backend can run here, each ``[ok, why]`` (one JSON line; the doctor's ``grpo_backends`` check)."""
 
 import importlib

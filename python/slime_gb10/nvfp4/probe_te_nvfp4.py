@@ -1,4 +1,4 @@
-"""``python -m slime_gb10.platform.probes.te_nvfp4``: whether TransformerEngine offers NVFP4 here and has
+"""``python -m slime_gb10.nvfp4.probe_te_nvfp4``: whether TransformerEngine offers NVFP4 here and has
 the ``NVFP4BlockScaling`` recipe with ``disable_rht`` (one JSON line; the doctor's ``te_nvfp4`` check)."""
 
 import dataclasses
