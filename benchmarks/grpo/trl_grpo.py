@@ -1,7 +1,7 @@
 """TRL's ``GRPOTrainer`` on the same model, task, batch, group size and lengths as our trainer.
 
 Only a benchmark: TRL is NOT a dependency of slime-gb10. The task is ours (the arithmetic
-prompts of ``slime_gb10.grpo.data.ArithmeticTask``, the same instruction and chat template, the
+prompts of ``slime_gb10.grpo.arithmetic.ArithmeticTask``, the same instruction and chat template, the
 same reward function), so the two runs differ only in the trainer. Prints one JSON line with the
 per-step wall times measured by a callback (generation + reward + update, as TRL does them inside
 ``training_step``).
@@ -42,7 +42,8 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from slime_gb10.grpo.data import DEFAULT_INSTRUCTION, ArithmeticTask
+    from slime_gb10.grpo.arithmetic import ArithmeticTask
+    from slime_gb10.grpo.data import DEFAULT_INSTRUCTION
     from slime_gb10.grpo.rewards import arithmetic_reward
 
     cuda = torch.cuda.is_available()

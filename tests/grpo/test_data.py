@@ -9,14 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from slime_gb10.grpo.arithmetic import ArithmeticTask, evaluate_expression
 from slime_gb10.grpo.data import (
     DEFAULT_INSTRUCTION,
-    ArithmeticTask,
     DatasetError,
     DatasetNotFoundError,
     PromptExample,
     PromptSampler,
-    evaluate_expression,
     gsm8k_final_answer,
     load_prompt_dataset,
     split_train_eval,

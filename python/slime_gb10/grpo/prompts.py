@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from slime_gb10.grpo import data, hub_data, rewards, rg_tasks
+from slime_gb10.grpo import arithmetic, data, hub_data, rewards, rg_tasks
 
 log = logging.getLogger("slime_gb10.grpo")
 
@@ -34,7 +34,7 @@ def load_splits(cfg: Any, seed: int) -> tuple[Any, list[data.PromptExample]]:
     ``rg:<task>[,…]`` (reasoning-gym) has its own fixed held-out set of ``cfg.eval_size`` questions.
     """
     if cfg.task == "arithmetic":
-        task = data.ArithmeticTask(seed=seed, **cfg.arithmetic)
+        task = arithmetic.ArithmeticTask(seed=seed, **cfg.arithmetic)
         return task, list(task.eval_set(cfg.eval_size)) if cfg.eval_size else []
     if rg_tasks.is_rg_spec(cfg.path):
         if cfg.eval_path:

@@ -276,7 +276,7 @@ def gsm8k_reward(completion: str, ground_truth: str) -> float:
 
 
 def arithmetic_reward(completion: str, ground_truth: str) -> float:
-    """Reward of the procedural arithmetic task (``slime_gb10.grpo.data.ArithmeticTask``): GSM8K-style numeric match."""
+    """Reward of the procedural arithmetic task (``slime_gb10.grpo.arithmetic.ArithmeticTask``): GSM8K-style numeric match."""
     return gsm8k_reward(completion, ground_truth)
 
 
