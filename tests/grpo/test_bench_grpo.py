@@ -14,7 +14,7 @@ import torch
 import transformers
 from click.testing import CliRunner
 
-from slime_gb10.grpo.bench import (
+from slime_gb10.bench.grpo import (
     SHAPES,
     ModelCosts,
     Shape,

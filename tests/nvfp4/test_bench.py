@@ -6,7 +6,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from slime_gb10.nvfp4.bench import bench_nvfp4_command, format_table
+from slime_gb10.bench.nvfp4 import bench_nvfp4_command, format_table
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
@@ -87,7 +87,7 @@ def test_format_table_lists_every_row():
 
 def test_read_floor_needs_nvrtc_and_whole_words():
     """No GPU (or NVRTC) here: no floor rather than an error; the bench rows then omit its columns."""
-    from slime_gb10.nvfp4.bench import measure_read_floor
+    from slime_gb10.bench.nvfp4 import measure_read_floor
 
     assert measure_read_floor([(torch.zeros(64, dtype=torch.uint8),)], reps=2) is None
 
@@ -97,7 +97,7 @@ def test_graph_times_replays_the_graphs_in_turn():
     """Each call list runs once as warm-up, once after its capture, then per round one untimed and
     one timed replay when several lists are timed together (one replay a round when alone). The
     calls count themselves on the device, so the replays are counted, not timed."""
-    from slime_gb10.nvfp4.bench import graph_time, graph_times
+    from slime_gb10.bench.nvfp4 import graph_time, graph_times
 
     counts = torch.zeros(3, dtype=torch.int64, device="cuda")
     first = [lambda: counts[0].add_(1)]

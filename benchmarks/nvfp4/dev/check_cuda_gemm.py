@@ -14,8 +14,9 @@ import sys
 
 import torch
 
+from slime_gb10.bench import nvfp4 as bench
 from slime_gb10.nvfp4 import _cuda_gemm as gemm
-from slime_gb10.nvfp4 import bench, w4a16
+from slime_gb10.nvfp4 import w4a16
 from slime_gb10.nvfp4.format import NVFP4Tensor, dequantize_reference
 from slime_gb10.nvfp4.ops import quantize
 

@@ -15,8 +15,9 @@ import sys
 
 import torch
 
+from slime_gb10.bench import nvfp4 as bench
 from slime_gb10.nvfp4 import _cuda_gemm as gemm
-from slime_gb10.nvfp4 import bench, kernels, w4a16
+from slime_gb10.nvfp4 import kernels, w4a16
 from slime_gb10.nvfp4.format import NVFP4Tensor, dequantize_reference
 from slime_gb10.nvfp4.hopper import wgmma
 from slime_gb10.nvfp4.ops import quantize

@@ -9,7 +9,7 @@ import datetime
 import json
 import os
 
-from slime_gb10.nvfp4 import bench
+from slime_gb10.bench import nvfp4 as bench
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--m", default="1,16,64,256,4096")

@@ -12,7 +12,8 @@ import sys
 
 import torch
 
-from slime_gb10.nvfp4 import bench, w4a16
+from slime_gb10.bench import nvfp4 as bench
+from slime_gb10.nvfp4 import w4a16
 from slime_gb10.nvfp4.format import NVFP4Tensor
 from slime_gb10.nvfp4.ops import quantize
 

@@ -152,7 +152,7 @@ def train_flops(seq_lens: list[int], costs: ModelCosts, extra_forwards: int = 0)
 
 def measure_ceilings() -> dict:
     """The device's copy bandwidth (GB/s, read + write) and BF16 GEMM rate (TFLOP/s), measured now."""
-    from slime_gb10.nvfp4.bench import measure_bf16_gemm, measure_copy_bandwidth
+    from slime_gb10.bench.ceilings import measure_bf16_gemm, measure_copy_bandwidth
     from slime_gb10.platform.devices import device_peaks
 
     peaks = device_peaks()
