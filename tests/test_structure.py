@@ -138,3 +138,26 @@ def test_the_trainer_class_is_thin():
     tree = ast.parse((PACKAGE / "grpo" / "trainer.py").read_text(encoding="utf-8"))
     (cls,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "GRPOTrainer"]
     assert cls.end_lineno - cls.lineno + 1 <= TRAINER_CAP
+
+
+def test_the_core_runs_without_the_hopper_only_kernel():
+    """``nvfp4/hopper/`` (the sm_90 wgmma kernel) is optional: with it absent, the trainer and the
+    NVFP4 module import, and an NVFP4Linear quantizes a layer and runs it on the CPU."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+sys.modules["slime_gb10.nvfp4.hopper"] = None  # absent: importing it raises ImportError
+import torch
+import slime_gb10.grpo.trainer, slime_gb10.grpo.cli, slime_gb10.doctor
+from slime_gb10.nvfp4 import NVFP4Linear, w4a16
+linear = torch.nn.Linear(64, 32)
+layer = NVFP4Linear.from_linear(linear, backend="reference")
+x = torch.randn(3, 64)
+err = (layer(x) - linear(x)).abs().max().item() / linear(x).abs().max().item()
+print(w4a16._cuda_wgmma is None, w4a16.wgmma_is_faster(64, 4096, 4096), err < 0.3)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "False", "True"]

@@ -30,8 +30,6 @@ import torch
 
 from slime_gb10.nvfp4 import _cuda_gemm, _cuda_w4a16
 from slime_gb10.nvfp4.format import NVFP4Tensor
-from slime_gb10.nvfp4.hopper import wgmma as _cuda_wgmma
-from slime_gb10.nvfp4.hopper.wgmma import wgmma_is_faster
 from slime_gb10.nvfp4.kernels import (
     _check_device,
     _kernels,
@@ -39,6 +37,17 @@ from slime_gb10.nvfp4.kernels import (
     interpreting,
     triton_available,
 )
+
+try:  # the Hopper-only kernel is an optional module: the rest runs without it (a GB10 never takes it)
+    from slime_gb10.nvfp4.hopper import wgmma as _cuda_wgmma
+except ImportError:  # pragma: no cover - tested in a child with the module hidden
+    _cuda_wgmma = None
+
+
+def wgmma_is_faster(M: int, N: int, K: int) -> bool:
+    """Whether the Hopper wgmma kernel beats the others at this shape (False where it is absent)."""
+    return _cuda_wgmma is not None and _cuda_wgmma.wgmma_is_faster(M, N, K)
+
 
 #: Largest M for which :func:`w4a16_linear` uses a fused kernel on every weight; above it, dequantize
 #: + cuBLAS, except where :func:`fused_is_faster` says otherwise (the CUDA kernel up to M = 32, the
@@ -87,8 +96,12 @@ def _cuda_engine_ok(device: torch.device) -> bool:
 
 def _wgmma_engine_ok(device: torch.device) -> bool:
     """The wgmma kernel runs here: an sm_90 device where the CUDA kernels run."""
-    return _cuda_engine_ok(device) and _cuda_wgmma.engine_available(
-        device.index if device.index is not None else torch.cuda.current_device()
+    return (
+        _cuda_wgmma is not None
+        and _cuda_engine_ok(device)
+        and _cuda_wgmma.engine_available(
+            device.index if device.index is not None else torch.cuda.current_device()
+        )
     )
 
 
@@ -356,7 +369,7 @@ def w4a16_matmul(
         else:
             engine = "cuda" if cuda_fits and _cuda_engine_ok(x.device) else "triton"
     if engine == "wgmma":
-        if not _cuda_wgmma.supported(x.device):
+        if _cuda_wgmma is None or not _cuda_wgmma.supported(x.device):
             raise ValueError(
                 "the wgmma W4A16 kernel runs on sm_90 (Hopper) only: use engine='gemm' or 'triton'"
             )
