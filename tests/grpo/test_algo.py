@@ -373,3 +373,57 @@ def test_the_loss_is_built_by_its_config_name():
     )  # each name has a class
     with pytest.raises(ConfigError, match=r"algo\.loss"):
         build_config(sets=["algo.loss=gspo"])
+
+
+# --- the trainer/rollout mismatch (issue #39), on hand-computed numbers ------------------------------
+MM_TRAIN = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, -0.5, -0.5]], dtype=torch.float64)
+MM_ROLLOUT = torch.tensor([[-1.5, -1.0, 0.0], [-0.5, -0.6, -0.4]], dtype=torch.float64)
+MM_MASK = torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.float64)
+
+
+def test_rollout_mismatch_by_hand():
+    from slime_gb10.grpo.algo import rollout_mismatch
+
+    # d = train - rollout on the five tokens: 0.5, -1.0 | 0.0, 0.1, -0.1
+    d = [0.5, -1.0, 0.0, 0.1, -0.1]
+    got = rollout_mismatch(MM_TRAIN, MM_ROLLOUT, MM_MASK)
+    assert got["mismatch_k1"].item() == pytest.approx(sum(-x for x in d) / 5)  # 0.1
+    assert got["mismatch_k3"].item() == pytest.approx(sum(math.exp(x) - 1 - x for x in d) / 5)
+    assert got["mismatch_exp_abs"].item() == pytest.approx(sum(math.exp(abs(x)) for x in d) / 5)
+    assert got["mismatch_exp_abs_median"].item() == pytest.approx(math.exp(0.1))  # of 1, e^.1, e^.1, e^.5, e
+    assert (
+        got["mismatch_k3"].item() > 0
+        and rollout_mismatch(MM_TRAIN, MM_TRAIN, MM_MASK)["mismatch_k3"].item() == 0
+    )
+
+
+@pytest.mark.parametrize(
+    ("level", "high", "keep"),
+    [
+        # sequence ratios: exp(-0.5) = 0.607 and exp(0.0) = 1; geometric: exp(-0.25) = 0.779 and 1
+        ("sequence", 2.0, [1.0, 1.0]),
+        ("sequence", 1.5, [0.0, 1.0]),  # 0.607 < 1/1.5
+        ("geometric", 1.5, [1.0, 1.0]),  # 0.779 >= 1/1.5
+        ("geometric", 1.2, [0.0, 1.0]),  # 0.779 < 1/1.2
+        ("none", 1.2, [1.0, 1.0]),
+    ],
+)
+def test_masked_importance_sampling_by_hand(level, high, keep):
+    from slime_gb10.grpo.algo import mismatch_masking
+
+    assert mismatch_masking(MM_TRAIN, MM_ROLLOUT, MM_MASK, level, high).tolist() == keep
+
+
+def test_a_masked_sequence_leaves_the_loss_and_is_counted():
+    from slime_gb10.grpo.algo import grpo_loss
+
+    adv = torch.tensor([1.0, -0.5], dtype=torch.float64)
+    loss, metrics = grpo_loss(
+        MM_TRAIN, MM_TRAIN.detach(), adv, MM_MASK, rollout_logprobs=MM_ROLLOUT, mis="sequence", mis_high=1.5
+    )
+    dropped = MM_MASK * torch.tensor([[0.0], [1.0]], dtype=torch.float64)
+    expected, _ = grpo_loss(MM_TRAIN, MM_TRAIN.detach(), adv, dropped)
+    assert loss.item() == pytest.approx(expected.item()) and metrics["mis_masked_frac"].item() == 0.5
+    assert metrics["mismatch_k1"].item() == pytest.approx(0.1)  # over every token, masked or not
+    with pytest.raises(ValueError, match="needs rollout_logprobs"):
+        grpo_loss(MM_TRAIN, MM_TRAIN.detach(), adv, MM_MASK, mis="geometric")

@@ -23,6 +23,7 @@ References
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -267,6 +268,61 @@ def truncated_importance_weights(
     return torch.exp(old_logprobs - rollout_logprobs).clamp(max=cap).detach()
 
 
+def rollout_mismatch(
+    logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """How far the trainer's log-probabilities of the sampled tokens are from the rollout engine's
+    (masked token statistics, detached). With ``d = logprobs - rollout_logprobs`` per token and the
+    tokens drawn from the rollout policy, the two estimators of KL(rollout || trainer) are::
+
+        mismatch_k1 = mean(-d)                 (unbiased, can be negative on a batch)
+        mismatch_k3 = mean(exp(d) - 1 - d)     (unbiased, never negative; Schulman's k3)
+
+    and ``mismatch_exp_abs`` / ``mismatch_exp_abs_median`` are the mean and median of ``exp|d|``
+    (NeMo-RL's gates for low-precision rollouts: k3 < 0.003, median exp|d| < 1.1)."""
+    with torch.no_grad():
+        d = (logprobs - rollout_logprobs).to(torch.float64)
+        m = mask.to(torch.float64)
+        kept = d[m > 0]
+        nan = torch.tensor(float("nan"), dtype=torch.float64, device=d.device)
+        return {
+            "mismatch_k1": masked_mean(-d, m),
+            "mismatch_k3": masked_mean(torch.expm1(d) - d, m),
+            "mismatch_exp_abs": masked_mean(torch.exp(d.abs()), m),
+            "mismatch_exp_abs_median": torch.exp(kept.abs()).median() if kept.numel() else nan,
+        }
+
+
+MaskingLevel = Literal["none", "sequence", "geometric"]
+
+
+def mismatch_masking(
+    logprobs: torch.Tensor,
+    rollout_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    level: MaskingLevel,
+    high: float,
+) -> torch.Tensor:
+    """Masked importance sampling (MIS): which sequences to keep (``[B]``, 1.0 or 0.0, detached)
+    when the trainer and the rollout disagree too much on a whole completion. The ratio of the
+    completion's probabilities, with ``d`` as in :func:`rollout_mismatch` summed over its tokens::
+
+        sequence:  rho = exp(sum_t d_t)          geometric:  rho = exp(mean_t d_t)
+
+    keeps a sequence when ``1 / high <= rho <= high`` ("When Speed Kills Stability", 2025; slime's
+    --tis-level sequence|geometric, as masking rather than weighting). ``none`` keeps all."""
+    if level == "none":
+        return torch.ones(logprobs.shape[0], dtype=logprobs.dtype, device=logprobs.device)
+    if high <= 1.0:
+        raise ValueError(f"the masking bound must be > 1, got {high}")
+    with torch.no_grad():
+        m = mask.to(torch.float64)
+        total = ((logprobs - rollout_logprobs).to(torch.float64) * m).sum(-1)
+        log_rho = total if level == "sequence" else total / m.sum(-1).clamp(min=1.0)
+        bound = math.log(high)
+        return ((log_rho >= -bound) & (log_rho <= bound)).to(logprobs.dtype)
+
+
 def grpo_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -284,6 +340,8 @@ def grpo_loss(
     loss_agg: LossAggregation = "token-mean",
     max_len: int | None = None,
     global_count: float | None = None,
+    mis: MaskingLevel = "none",
+    mis_high: float = 2.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The GRPO objective for one (micro)batch; returns ``(scalar loss, detached metrics)``.
 
@@ -302,7 +360,9 @@ def grpo_loss(
     branch is active), ``clip_frac_low``, ``clip_frac_high``, ``ratio_mean`` (``exp(lp - old)``),
     ``kl`` (k3 against the reference; NaN when no ``ref_logprobs`` given), ``entropy`` (NaN when
     no ``entropy`` given), ``tis_weight_mean`` (1.0 when TIS is off), ``pg_loss`` (the
-    aggregated clip loss alone).
+    aggregated clip loss alone); with ``rollout_logprobs``: :func:`rollout_mismatch`'s four, and
+    ``mis_masked_frac`` (the share of sequences :func:`mismatch_masking` drops; ``mis`` other than
+    "none" needs ``rollout_logprobs``, and the dropped sequences' tokens leave the loss).
     """
     if beta > 0 and ref_logprobs is None:
         raise ValueError(f"beta={beta} > 0 needs ref_logprobs (the frozen reference policy's logprobs)")
@@ -311,7 +371,14 @@ def grpo_loss(
     if tis_cap is not None and rollout_logprobs is None:
         raise ValueError(f"tis_cap={tis_cap} needs rollout_logprobs (the rollout engine's logprobs)")
 
+    if mis != "none" and rollout_logprobs is None:
+        raise ValueError(f"mis={mis!r} needs rollout_logprobs (the rollout engine's logprobs)")
+
     mask = completion_mask.to(logprobs.dtype)
+    observed = mask
+    if rollout_logprobs is not None:
+        keep = mismatch_masking(logprobs.detach(), rollout_logprobs, mask, mis, mis_high)
+        mask = mask * keep[:, None]
     clip_loss, clipped = clipped_surrogate(
         logprobs, old_logprobs, advantages, eps_low=eps_low, eps_high=eps_high
     )
@@ -348,6 +415,10 @@ def grpo_loss(
             else nan.new_ones(()),
             "pg_loss": aggregate_loss(pg_per_token, mask, loss_agg, max_len, global_count=global_count),
         }
+        if rollout_logprobs is not None:  # over every completion token, masked or not
+            metrics.update(rollout_mismatch(logprobs, rollout_logprobs, observed))
+            rows = observed.sum(-1) > 0
+            metrics["mis_masked_frac"] = (1.0 - keep[rows]).mean() if rows.any() else nan
         metrics = {k: v.detach() for k, v in metrics.items()}
     return loss, metrics
 
@@ -366,11 +437,13 @@ class GRPOLoss:
     tis_cap: float | None = None
     loss_agg: LossAggregation = "token-mean"
     max_len: int | None = None
+    mis: MaskingLevel = "none"
+    mis_high: float = 2.0
 
     @classmethod
     def from_config(cls, algo, max_new_tokens: int) -> GRPOLoss:
         """From an :class:`~slime_gb10.grpo.config.AlgoConfig` and the rollout's token budget."""
-        fields = ("eps_low", "eps_high", "beta", "entropy_coef", "tis_cap", "loss_agg")
+        fields = ("eps_low", "eps_high", "beta", "entropy_coef", "tis_cap", "loss_agg", "mis", "mis_high")
         return cls(**{name: getattr(algo, name) for name in fields}, max_len=max_new_tokens)
 
     def __call__(self, logprobs, entropy, batch, extras) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -380,7 +453,7 @@ class GRPOLoss:
             logprobs.detach() if old is None else old,
             extras["advantages"],
             batch.completion_mask,
-            rollout_logprobs=extras["rollout_logprobs"] if self.tis_cap is not None else None,
+            rollout_logprobs=extras["rollout_logprobs"],
             ref_logprobs=extras.get("ref_logprobs"),
             entropy=entropy,
             global_count=extras["global_count"],

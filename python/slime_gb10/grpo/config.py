@@ -151,6 +151,12 @@ def _check_stop_regexes(patterns: list[str], key: str) -> None:
 
 
 class RolloutConfig(_Section):
+    weights: Literal["bf16", "nvfp4"] = Field(
+        default="bf16",
+        description="nvfp4: at each weight sync the rollout engine receives the decoder's linear weights "
+        "quantized to NVFP4 (dequantized values; embeddings, norms and the LM head as they are); the "
+        "mismatch_* metrics measure the trainer/rollout gap. PyTorch backend.",
+    )
     # The embedded default is small enough for a CPU (minutes); a GPU run raises these
     # (benchmarks/grpo: 16 prompts x 8 samples x 128 tokens).
     prompts_per_step: int = Field(default=4, ge=1, description="Prompts per GRPO step.")
@@ -205,6 +211,12 @@ class RolloutConfig(_Section):
 
 
 class TrainConfig(_Section):
+    quantization: Literal["none", "nvfp4-qat"] = Field(
+        default="none",
+        description="nvfp4-qat: the training forward runs the decoder's linear layers through NVFP4 fake "
+        "quantization (straight-through gradient, full-precision master weights), so that the trainer's "
+        "policy is an NVFP4 rollout's (rollout.weights=nvfp4). PyTorch backend.",
+    )
     steps: int = Field(
         default=10,
         ge=1,
@@ -272,6 +284,17 @@ class AlgoConfig(_Section):
         gt=0.0,
         description="Truncated importance sampling: weight tokens by the trainer/engine probability ratio, "
         "capped at this; null: off.",
+    )
+    mis: Literal["none", "sequence", "geometric"] = Field(
+        default="none",
+        description="Masked importance sampling: drop a completion whose trainer/rollout probability ratio "
+        "(sequence: over all its tokens; geometric: per token, their geometric mean) is outside "
+        "[1/mis_high, mis_high]; none: keep all (token-level correction: tis_cap).",
+    )
+    mis_high: float = Field(
+        default=2.0,
+        gt=1.0,
+        description="MIS bound: a completion is kept while its ratio is in [1/mis_high, mis_high].",
     )
     loss_agg: Literal["token-mean", "seq-mean", "dr-grpo"] = Field(
         default="token-mean",

@@ -134,6 +134,15 @@ class RunLogger:
             self._wandb.finish()
 
 
+MISMATCH_KEYS = (
+    "mismatch_k1",
+    "mismatch_k3",
+    "mismatch_exp_abs",
+    "mismatch_exp_abs_median",
+    "mis_masked_frac",
+)
+
+
 def step_row(
     step: int,
     ranks: list[dict],
@@ -183,6 +192,8 @@ def step_row(
         # what the advantages were computed from (the task reward plus the length remedies)
         "shaped_reward_mean": sum(shaped) / n,
         **{key: train_metric(key) for key in ("entropy", "kl", "clip_frac", "ratio_mean", "tis_weight_mean")},
+        # how far the trainer's probabilities are from the rollout engine's (algo.rollout_mismatch)
+        **{key: train_metric(key) for key in MISMATCH_KEYS},
         "loss": sum(part["loss"] for part in ranks),
         "grad_norm": grad_norm,
         "lr": train_metric("lr", lr),
