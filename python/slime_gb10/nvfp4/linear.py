@@ -416,6 +416,40 @@ def fused_groups(names: Iterable[str]) -> list[list[str]]:
     return groups
 
 
+def select_linear(
+    model: nn.Module, *, include: Iterable[str] | None = None, exclude: Iterable[str] | None = None
+) -> dict[str, nn.Linear]:
+    """The ``nn.Linear`` layers :func:`quantize_model` quantizes, by qualified name: matching
+    ``include`` (all when None), not ``exclude`` (:data:`DEFAULT_EXCLUDE` when None), ``in_features``
+    a multiple of 16, and whole fused groups only."""
+    exclude = tuple(DEFAULT_EXCLUDE if exclude is None else exclude)
+    include = tuple(include) if include is not None else None
+    chosen: dict[str, nn.Linear] = {}
+    for name, module in model.named_modules():
+        if type(module) is not nn.Linear:
+            continue
+        if include is not None and not _matches(name, include):
+            continue
+        if _matches(name, exclude) or module.in_features % BLOCK_SIZE != 0:
+            continue
+        chosen[name] = module
+
+    # An engine fuses q/k/v (gate/up) into one layer that is quantized as a whole or not at all:
+    # excluding one member excludes its group (a partly quantized fused layer does not load).
+    all_linear = [name for name, m in model.named_modules() if type(m) is nn.Linear]
+    for group in fused_groups(all_linear):
+        left_out = [n for n in group if n not in chosen]
+        if left_out and len(left_out) < len(group):
+            warnings.warn(
+                f"{left_out} are excluded, so their fused siblings {sorted(set(group) - set(left_out))} "
+                "stay unquantized too (an inference engine fuses them into one layer)",
+                stacklevel=2,
+            )
+            for n in group:
+                chosen.pop(n, None)
+    return chosen
+
+
 def quantize_model(
     model: nn.Module,
     *,
@@ -442,32 +476,7 @@ def quantize_model(
     loaded checkpoint, where no unquantized weights exist).
     Returns the names of the replaced modules.
     """
-    exclude = tuple(DEFAULT_EXCLUDE if exclude is None else exclude)
-    include = tuple(include) if include is not None else None
-    chosen: dict[str, nn.Linear] = {}
-    for name, module in model.named_modules():
-        if type(module) is not nn.Linear:
-            continue
-        if include is not None and not _matches(name, include):
-            continue
-        if _matches(name, exclude) or module.in_features % BLOCK_SIZE != 0:
-            continue
-        chosen[name] = module
-
-    # An engine fuses q/k/v (gate/up) into one layer that is quantized as a whole or not at all:
-    # excluding one member excludes its group (a partly quantized fused layer does not load).
-    all_linear = [name for name, m in model.named_modules() if type(m) is nn.Linear]
-    for group in fused_groups(all_linear):
-        left_out = [n for n in group if n not in chosen]
-        if left_out and len(left_out) < len(group):
-            warnings.warn(
-                f"{left_out} are excluded, so their fused siblings {sorted(set(group) - set(left_out))} "
-                "stay unquantized too (an inference engine fuses them into one layer)",
-                stacklevel=2,
-            )
-            for n in group:
-                chosen.pop(n, None)
-
+    chosen = select_linear(model, include=include, exclude=exclude)
     input_amax = {} if forward_loop is None else unquantized_input_amax(model, chosen, forward_loop)
 
     global_scales: dict[str, torch.Tensor] = {}

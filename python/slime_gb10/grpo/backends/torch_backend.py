@@ -149,9 +149,19 @@ class TorchPolicyBackend(PolicyBackend):
         gradient_checkpointing: bool = False,
         reference_model=None,
         compile_backend=None,
+        rollout_weights: str = "bf16",
+        quantization: str = "none",
     ):
         self.device = torch.device(device)
         self.model = model.to(self.device)
+        # issue #39: the rollout's weights as NVFP4 at each sync; NVFP4 QAT (before the optimizer
+        # sees the parameters: the layers are replaced in place)
+        self.rollout_weights = rollout_weights
+        self.quantization = quantization
+        if quantization == "nvfp4-qat":
+            from slime_gb10.grpo.quantized import apply_qat
+
+            apply_qat(self.model)
         self.tokenizer = tokenizer
         self.temperature = logprob_temperature(temperature)
         self.autocast_dtype = autocast_dtype
@@ -283,8 +293,12 @@ class TorchPolicyBackend(PolicyBackend):
         from slime_gb10.grpo.weight_sync import WeightStream
 
         def named_tensors():
-            for name, param in self.model.named_parameters():
-                yield name, param.detach()
+            named = ((name, param.detach()) for name, param in self.model.named_parameters())
+            if self.rollout_weights == "nvfp4":
+                from slime_gb10.grpo.quantized import rollout_weights
+
+                named = rollout_weights(self.model, named, self.transfer_dtype)
+            yield from named
 
         return WeightStream(named_tensors, bucket_bytes=bucket_bytes, transfer_dtype=self.transfer_dtype)
 
@@ -320,7 +334,9 @@ class TorchPolicyBackend(PolicyBackend):
         # copy too, so save_pretrained still sees them tied and writes one.
         copies: dict[tuple, torch.Tensor] = {}
         state = {}
-        for key, value in self.model.state_dict().items():
+        from slime_gb10.grpo.quantized import plain_state_dict
+
+        for key, value in plain_state_dict(self.model).items():
             if not value.is_floating_point():
                 state[key] = value
                 continue
@@ -385,4 +401,6 @@ def build_backend(config, tokenizer, device) -> TorchPolicyBackend:
         gradient_checkpointing=config.model.gradient_checkpointing,
         reference_model=reference,
         compile_backend="inductor" if compile_layers else None,
+        rollout_weights=config.rollout.weights,
+        quantization=config.train.quantization,
     )

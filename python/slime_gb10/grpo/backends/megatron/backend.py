@@ -235,7 +235,14 @@ class MegatronPolicyBackend(PolicyBackend):
 
 def build_backend(config, tokenizer, device) -> MegatronPolicyBackend:
     """Registry entry point (``backends.trainer: megatron``)."""
+    from slime_gb10.grpo.config import ConfigError
     from slime_gb10.grpo.models import load_causal_lm, resolve_model_path
+
+    if config.rollout.weights != "bf16" or config.train.quantization != "none":
+        raise ConfigError(  # issue #39: the PyTorch backend first
+            "rollout.weights=nvfp4 and train.quantization=nvfp4-qat run with the PyTorch backend only: "
+            "set backends.trainer=torch (or leave them at bf16 / none)"
+        )
 
     device = torch.device(device)
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # Megatron's usual setting

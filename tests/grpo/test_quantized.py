@@ -1,0 +1,118 @@
+"""NVFP4 in the GRPO loop (issue #39) on a CPU: the sync quantizes exactly what the reference
+quantizer gives (fused siblings sharing one scale, everything else untouched), QAT's forward is
+dequantize(quantize(W)) with a straight-through gradient, and with both the rollout and the
+trainer hold one policy, which the per-step mismatch metrics show against the run without QAT."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from slime_gb10.grpo import rewards
+from slime_gb10.grpo.config import build_config
+from slime_gb10.grpo.models import load_causal_lm, write_random_model
+from slime_gb10.grpo.quantized import apply_qat, rollout_weights
+from slime_gb10.grpo.trainer import GRPOTrainer
+from slime_gb10.nvfp4.format import dequantize_reference, quantize_reference
+
+FP4_MAX, E4M3_MAX = 6.0, 448.0  # NVFP4's global scale: amax / (6 * 448) (NVIDIA's format)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, tokenizer):
+    return write_random_model(
+        tmp_path_factory.mktemp("q") / "model", tokenizer, seed=0, initializer_range=0.3
+    )
+
+
+def test_the_sync_quantizes_the_decoder_layers_exactly_and_nothing_else(tiny_dir):
+    model = load_causal_lm(tiny_dir, dtype=torch.float32)
+    params = dict(model.named_parameters())
+    got = dict(rollout_weights(model, ((n, p.detach()) for n, p in params.items()), torch.float32))
+    attn = "model.layers.0.self_attn"
+    qkv = [params[f"{attn}.{p}_proj.weight"] for p in "qkv"]
+    shared = torch.stack([w.abs().amax() for w in qkv]).max() / (FP4_MAX * E4M3_MAX)
+    for p, w in zip("qkv", qkv, strict=True):  # one scale for the fused siblings, by hand
+        expected = dequantize_reference(quantize_reference(w.detach(), shared), torch.float32)
+        assert torch.equal(got[f"{attn}.{p}_proj.weight"], expected)
+    o = params[f"{attn}.o_proj.weight"].detach()  # alone: its own amax
+    assert torch.equal(
+        got[f"{attn}.o_proj.weight"], dequantize_reference(quantize_reference(o), torch.float32)
+    )
+    changed = {n for n in params if not torch.equal(got[n], params[n])}
+    assert changed == {n for n in params if n.endswith("proj.weight")}  # embeddings, norms, head kept
+    assert len(changed) == 2 * 7  # q k v o gate up down, two layers
+
+
+def test_qat_forward_is_the_nvfp4_round_trip_and_its_gradient_goes_straight_through(tiny_dir):
+    model = load_causal_lm(tiny_dir, dtype=torch.float32)
+    names = apply_qat(model)
+    assert len(names) == 14 and "lm_head" not in names
+    layer = model.get_submodule("model.layers.1.mlp.down_proj")  # no fused sibling: its own scale
+    x = torch.randn(3, layer.in_features, generator=torch.Generator().manual_seed(0))
+    wq = dequantize_reference(quantize_reference(layer.weight.detach()), torch.float32).requires_grad_(True)
+    y = layer(x)
+    expected = F.linear(x, wq)
+    assert torch.equal(y, expected)
+    y.square().sum().backward()
+    expected.square().sum().backward()
+    assert torch.equal(layer.weight.grad, wq.grad)  # d/dW = d/dWq: straight through
+    # the sync hands the engine the weights this forward uses (the fused scale included)
+    params = ((n, p.detach()) for n, p in model.named_parameters())
+    synced = dict(rollout_weights(model, params, torch.float32))
+    q = model.get_submodule("model.layers.0.self_attn.q_proj")
+    wq_fused = dequantize_reference(
+        quantize_reference(q.weight.detach(), q.fused_global_scale()), torch.float32
+    )
+    assert torch.equal(synced["model.layers.0.self_attn.q_proj.weight"], wq_fused)
+
+
+def _mismatch(tiny_dir, out, **settings) -> tuple[float, list[dict]]:
+    overrides = {
+        "model.name_or_path": str(tiny_dir),
+        "output.dir": str(out),
+        "data.reward": "contains_e",
+        "data.eval_size": 0,
+        "rollout.prompts_per_step": 4,
+        "rollout.group_size": 4,
+        "rollout.max_new_tokens": 4,
+        "train.lr": 1e-3,
+        "train.steps": 2,
+        "train.deterministic": True,
+        "eval.every": 0,
+        "output.progress": False,
+        "output.save_final_model": False,
+        "backends.device": "cpu",
+        "algo.skip_zero_variance_groups": False,
+        **settings,
+    }  # fmt: skip  (every group trains, so every step measures the mismatch)
+    trainer = GRPOTrainer(build_config(overrides=overrides))
+    try:
+        trainer.setup()
+        history = trainer.train()
+    finally:
+        trainer.close()
+    return max(row["mismatch_k3"] for row in history), history
+
+
+def test_nvfp4_rollouts_differ_from_a_bf16_trainer_and_not_from_a_qat_one(tiny_dir, tmp_path, monkeypatch):
+    monkeypatch.setitem(rewards.REWARDS, "contains_e", lambda completion, truth: float("e" in completion))
+    plain, _ = _mismatch(tiny_dir, tmp_path / "a")
+    nvfp4, history = _mismatch(tiny_dir, tmp_path / "b", **{"rollout.weights": "nvfp4"})
+    same, _ = _mismatch(
+        tiny_dir, tmp_path / "c", **{"rollout.weights": "nvfp4", "train.quantization": "nvfp4-qat"}
+    )
+    assert nvfp4 > 1e-4  # the quantization shows: the engine samples from another policy
+    assert same < 1e-3 * nvfp4 and plain < 1e-3 * nvfp4, (plain, nvfp4, same)
+    assert {"mismatch_k1", "mismatch_exp_abs", "mismatch_exp_abs_median", "mis_masked_frac"} <= set(
+        history[-1]
+    )
+
+
+def test_the_megatron_backend_refuses_the_nvfp4_settings():
+    from slime_gb10.grpo.backends.megatron.backend import build_backend
+    from slime_gb10.grpo.config import ConfigError
+
+    with pytest.raises(ConfigError, match="PyTorch backend only"):
+        build_backend(build_config(sets=["rollout.weights=nvfp4"]), None, "cpu")
