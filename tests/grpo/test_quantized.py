@@ -116,3 +116,28 @@ def test_the_megatron_backend_refuses_the_nvfp4_settings():
 
     with pytest.raises(ConfigError, match="PyTorch backend only"):
         build_backend(build_config(sets=["rollout.weights=nvfp4"]), None, "cpu")
+
+
+def test_under_bf16_autocast_the_sync_matches_what_the_qat_forward_multiplies_by(tiny_dir):
+    """On a GPU the trainer runs under BF16 autocast with FP32 masters: a QAT layer's input, hence
+    its fake quantization, stays FP32, and the autocast casts the dequantized weight to BF16. The
+    sync must hand the engine those BF16 values (quantizing the BF16-cast weight instead picks other
+    block scales: found on an H100, KL 0.013 instead of ~0.001)."""
+    model = load_causal_lm(tiny_dir, dtype=torch.float32)
+    apply_qat(model)
+    name = "model.layers.0.mlp.gate_proj"
+    layer = model.get_submodule(name)
+    synced = dict(
+        rollout_weights(model, ((n, p.detach()) for n, p in model.named_parameters()), torch.bfloat16)
+    )
+    x = torch.randn(5, layer.in_features, generator=torch.Generator().manual_seed(1))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = layer(x)
+        expected = F.linear(x, synced[f"{name}.weight"])  # what an engine holding the synced weight computes
+    assert synced[f"{name}.weight"].dtype == torch.bfloat16 and torch.equal(got, expected)
+    # the other order (quantize the BF16 cast) gives other weights: this test can tell them apart
+    w = layer.weight.detach()
+    bf16_first = dequantize_reference(
+        quantize_reference(w.to(torch.bfloat16), layer.fused_global_scale(torch.bfloat16)), torch.bfloat16
+    )
+    assert not torch.equal(bf16_first, synced[f"{name}.weight"])
