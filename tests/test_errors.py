@@ -25,6 +25,8 @@ INTERNAL = {
     "slime_gb10.grpo.rewards.RewardValueError",
     # a broken contract between our own engine and trainer: a bug, keeps its traceback
     "slime_gb10.grpo.weight_sync.WeightSyncError",
+    # mostly a protocol violation of the SGLang server (a bug here or there), which wants the traceback
+    "slime_gb10.grpo.engines.sglang_engine.SGLangEngineError",
 }
 
 

@@ -141,3 +141,19 @@ def test_under_bf16_autocast_the_sync_matches_what_the_qat_forward_multiplies_by
         quantize_reference(w.to(torch.bfloat16), layer.fused_global_scale(torch.bfloat16)), torch.bfloat16
     )
     assert not torch.equal(bf16_first, synced[f"{name}.weight"])
+
+
+def test_a_whole_qat_model_under_bf16_autocast_is_the_model_holding_the_synced_weights(tiny_dir):
+    """Every layer, whatever its input's dtype under autocast (FP32 after a norm; BF16 into o_proj
+    and down_proj, out of autocast GEMMs): the QAT model's logits are those of a plain model loaded
+    with the weights the sync hands the engine."""
+    qat = load_causal_lm(tiny_dir, dtype=torch.float32)
+    apply_qat(qat)
+    synced = dict(rollout_weights(qat, ((n, p.detach()) for n, p in qat.named_parameters()), torch.bfloat16))
+    plain = load_causal_lm(tiny_dir, dtype=torch.float32)
+    with torch.no_grad():
+        for name, param in plain.named_parameters():
+            param.copy_(synced[name].float())  # BF16 values, exact in FP32
+    ids = torch.randint(0, 1000, (2, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(qat(ids).logits, plain(ids).logits)

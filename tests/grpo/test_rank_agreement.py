@@ -189,3 +189,18 @@ def test_different_weights_are_one_line_naming_each_ranks_model():
     )
     # the checkpoint's path and each node's memory budget are each rank's own
     assert {"model.name_or_path", "train.memory_budget_gib"} <= RANK_LOCAL_SETTINGS
+
+
+def test_ranks_that_resolved_auto_apart_are_told_so_before_the_weights():
+    from slime_gb10.grpo.distributed import weights_disagreement
+
+    r0 = {"model": "/m", "digest": "a", "choice": "sglang+megatron"}
+    r1 = {
+        "model": "/m",
+        "digest": "b",
+        "choice": "torch+torch",
+    }  # the digest differs because the backend does
+    assert weights_disagreement([r0, r1]) == (
+        "ranks chose different engines or backends: sglang+megatron on rank 0, torch+torch on rank 1; "
+        "set backends.rollout and backends.trainer explicitly"
+    )

@@ -272,7 +272,8 @@ def rollout_mismatch(
     logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor
 ) -> dict[str, torch.Tensor]:
     """How far the trainer's log-probabilities of the sampled tokens are from the rollout engine's
-    (masked token statistics, detached). With ``d = logprobs - rollout_logprobs`` per token and the
+    (masked token statistics, detached; ``grpo_loss`` passes the old policy's, those of the weights
+    the rollout was synced from). With ``d = logprobs - rollout_logprobs`` per token and the
     tokens drawn from the rollout policy, the two estimators of KL(rollout || trainer) are::
 
         mismatch_k1 = mean(-d)                 (unbiased, can be negative on a batch)
@@ -280,16 +281,16 @@ def rollout_mismatch(
 
     and ``mismatch_exp_abs`` / ``mismatch_exp_abs_median`` are the mean and median of ``exp|d|``
     (NeMo-RL's gates for low-precision rollouts: k3 < 0.003, median exp|d| < 1.1)."""
-    with torch.no_grad():
+    with torch.no_grad():  # no host sync: a batch's median over its masked tokens by nanmedian
         d = (logprobs - rollout_logprobs).to(torch.float64)
         m = mask.to(torch.float64)
-        kept = d[m > 0]
-        nan = torch.tensor(float("nan"), dtype=torch.float64, device=d.device)
         return {
             "mismatch_k1": masked_mean(-d, m),
             "mismatch_k3": masked_mean(torch.expm1(d) - d, m),
             "mismatch_exp_abs": masked_mean(torch.exp(d.abs()), m),
-            "mismatch_exp_abs_median": torch.exp(kept.abs()).median() if kept.numel() else nan,
+            "mismatch_exp_abs_median": torch.where(m > 0, d.abs(), d.new_full((), float("nan")))
+            .nanmedian()
+            .exp(),
         }
 
 
@@ -376,8 +377,8 @@ def grpo_loss(
 
     mask = completion_mask.to(logprobs.dtype)
     observed = mask
-    if rollout_logprobs is not None:
-        keep = mismatch_masking(logprobs.detach(), rollout_logprobs, mask, mis, mis_high)
+    if rollout_logprobs is not None:  # the old policy's gap to the rollout, as TIS measures it
+        keep = mismatch_masking(old_logprobs.detach(), rollout_logprobs, mask, mis, mis_high)
         mask = mask * keep[:, None]
     clip_loss, clipped = clipped_surrogate(
         logprobs, old_logprobs, advantages, eps_low=eps_low, eps_high=eps_high
@@ -416,9 +417,9 @@ def grpo_loss(
             "pg_loss": aggregate_loss(pg_per_token, mask, loss_agg, max_len, global_count=global_count),
         }
         if rollout_logprobs is not None:  # over every completion token, masked or not
-            metrics.update(rollout_mismatch(logprobs, rollout_logprobs, observed))
-            rows = observed.sum(-1) > 0
-            metrics["mis_masked_frac"] = (1.0 - keep[rows]).mean() if rows.any() else nan
+            metrics.update(rollout_mismatch(old_logprobs, rollout_logprobs, observed))
+            rows = (observed.sum(-1) > 0).to(keep.dtype)
+            metrics["mis_masked_frac"] = ((1.0 - keep) * rows).sum() / rows.sum()  # NaN: no completion
         metrics = {k: v.detach() for k, v in metrics.items()}
     return loss, metrics
 

@@ -244,9 +244,7 @@ def load_for_resume(target: str | Path) -> tuple[Path, dict, dict]:
 def restore(run, resumed: tuple[Path, dict, dict]) -> None:
     """Put a training run (``GRPOTrainer``, set up up to its sampler) back at a checkpoint
     (``load_for_resume``'s ``(path, policy_state, trainer_state)``): weights and optimizer, the
-    sampler's position, this rank's RNG and the step; what came after it is discarded."""
-    from slime_gb10.grpo.metrics import METRICS_FILE, SAMPLES_FILE, truncate_after
-
+    sampler's position, this rank's RNG and the step (what came after it: :func:`discard_after`)."""
     path, policy_state, trainer_state = resumed
     saved_world = int(trainer_state.get("world_size", 1))
     if saved_world != run.dist.world_size:
@@ -264,9 +262,16 @@ def restore(run, resumed: tuple[Path, dict, dict]) -> None:
             f"checkpoint '{path}' does not fit this run: {str(exc).strip().splitlines()[0]}"
         ) from exc
     run.step = int(trainer_state["step"])
-    # Resuming at step N discards what came after it: metrics, samples and any newer checkpoint
-    # (a save of step N + k must never find the discarded one in its place). Rank 0 alone: another
-    # rank's atomic rewrite could replace the file rank 0 appends to.
+    run._last_checkpoint = path
+    log.info("resumed from %s (step %d)", path, run.step)
+
+
+def discard_after(run) -> None:
+    """Resuming at step N discards what came after it: metrics, samples and any newer checkpoint (a
+    save of step N + k must never find the discarded one in its place). Rank 0 alone (another rank's
+    atomic rewrite could replace the file rank 0 appends to), once every rank has agreed to go on."""
+    from slime_gb10.grpo.metrics import METRICS_FILE, SAMPLES_FILE, truncate_after
+
     if run.dist.is_main:
         for later_step, later in list_checkpoints(run.run_dir):
             if later_step > run.step:
@@ -274,5 +279,3 @@ def restore(run, resumed: tuple[Path, dict, dict]) -> None:
                 shutil.rmtree(later)
         truncate_after(run.run_dir / METRICS_FILE, run.step)
         truncate_after(run.run_dir / SAMPLES_FILE, run.step)
-    run._last_checkpoint = path
-    log.info("resumed from %s (step %d)", path, run.step)

@@ -141,12 +141,15 @@ class DistContext:
             _refuse(data_disagreement(self.gather(data_report(data_config, *splits))))
         return splits
 
-    def agree_on_weights(self, backend, model_path: str | None, bucket_bytes: int) -> None:
+    def agree_on_weights(self, backend, config, choice: Any = None) -> None:
         """Every rank starts from rank 0's weights (after a resume too), or every rank raises
-        :class:`LaunchError`: ranks do not broadcast weights, each loads its own copy."""
+        :class:`LaunchError`: ranks do not broadcast weights, each loads its own copy. The engine and
+        backend each rank resolved (``choice``: ``auto`` resolves per machine) are compared first."""
         if self.enabled:
-            digest = weights_digest(backend.export_weights(bucket_bytes))
-            _refuse(weights_disagreement(self.gather({"model": model_path, "digest": digest})))
+            digest = weights_digest(backend.export_weights(config.rollout.weight_bucket_mb * 2**20))
+            chose = f"{choice.rollout}+{choice.trainer}" if choice is not None else None
+            report = {"model": config.model.name_or_path, "digest": digest, "choice": chose}
+            _refuse(weights_disagreement(self.gather(report)))
 
     # ------------------------------------------------------------------------- failed collectives
     @contextlib.contextmanager
@@ -340,7 +343,15 @@ def weights_digest(stream: Iterable) -> str:
 
 
 def weights_disagreement(gathered: list[dict[str, Any]]) -> str | None:
-    """None when every rank's weights digest is rank 0's; else one line naming the ranks' models."""
+    """None when every rank's weights digest is rank 0's; else one line naming the ranks' models
+    (or, first, the engine and backend choices when ranks resolved them apart)."""
+    choices = [r for r, report in enumerate(gathered) if report.get("choice") != gathered[0].get("choice")]
+    if choices:
+        return (
+            f"ranks chose different engines or backends: {gathered[0].get('choice')} on rank 0, "
+            f"{gathered[choices[0]].get('choice')} on rank {choices[0]}; set backends.rollout and "
+            "backends.trainer explicitly"
+        )
     ranks = [r for r, report in enumerate(gathered) if report["digest"] != gathered[0]["digest"]]
     if not ranks:
         return None

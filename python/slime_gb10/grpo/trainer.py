@@ -137,8 +137,11 @@ class GRPOTrainer:
         self.device = self.device or getattr(self.backend, "device", torch.device("cpu"))
         self.pad_token_id = self.tokenizer.pad_token_id
         if resumed is not None:
-            ckpt.restore(self, resumed)  # weights, sampler, RNG, step; later outputs discarded
+            ckpt.restore(self, resumed)  # weights, sampler, RNG, step
             resumed = None
+        self.dist.agree_on_weights(self.backend, cfg, getattr(self, "choice", None))  # before any file changes
+        if self.step:
+            ckpt.discard_after(self)  # a resumed run: the outputs of later steps go
         if self.dist.is_main:
             atomic_write_text(self.run_dir / "config.yaml", cfg.to_yaml())
             self.logger = RunLogger(self.run_dir, cfg.output.report_to, cfg.model_dump(mode="json"))
@@ -146,7 +149,6 @@ class GRPOTrainer:
             self.logger = NullLogger()
         if self.dist.enabled:  # every rank sums its gradients with the others before clipping
             self.backend.grad_sync = self.dist.all_reduce_gradients
-        self.dist.agree_on_weights(self.backend, cfg.model.name_or_path, cfg.rollout.weight_bucket_mb * 2**20)
         self._sync_weights()  # the engine starts from exactly the trainer's weights
         self._boundary = self._snapshot()
 

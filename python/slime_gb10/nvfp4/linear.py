@@ -356,9 +356,12 @@ class NVFP4Linear(nn.Module):
         return cached[1]
 
     def _forward_qat(self, x: torch.Tensor) -> torch.Tensor:
+        # The master weight is quantized in its own precision, then cast to the input's: the weights
+        # a run exports and hands an NVFP4 rollout (grpo/quantized.py) are these, whatever dtype each
+        # layer's input has under autocast (FP32 after a norm, BF16 after attention or the MLP's gate).
         x = self._maybe_quantize_input(x)
-        weight = self.weight.to(x.dtype)
-        return F.linear(x, fake_quantize(weight, self.fused_global_scale(x.dtype)), self._bias(x.dtype))
+        weight = fake_quantize(self.weight, self.fused_global_scale(self.weight.dtype))
+        return F.linear(x, weight.to(x.dtype), self._bias(x.dtype))
 
     def fused_global_scale(self, dtype: torch.dtype | None = None) -> torch.Tensor | None:
         """The ``weight_scale_2`` shared with the siblings an engine fuses this layer with (q/k/v,

@@ -28,9 +28,7 @@ _OS_ADVICE = {
     errno.ENOSPC: "the disk is full: free space or write somewhere else",
     errno.EDQUOT: "the disk quota is used up: free space or write somewhere else",
     errno.EACCES: "permission denied: choose a path you can write, or fix its permissions",
-    errno.EPERM: "operation not permitted: choose a path you own",
     errno.EROFS: "the file system is read-only: write somewhere else",
-    errno.EMFILE: "too many open files: raise the limit (ulimit -n) and run again",
 }
 
 

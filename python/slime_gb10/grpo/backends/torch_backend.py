@@ -174,6 +174,8 @@ class TorchPolicyBackend(PolicyBackend):
         self.reference_model = (
             reference_model.to(self.device).eval().requires_grad_(False) if reference_model else None
         )
+        if quantization == "nvfp4-qat" and self.reference_model is not None:
+            apply_qat(self.reference_model)  # the reference is the starting policy: quantized too
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             params, lr=train.lr, fused=self.device.type == "cuda", **_adam_settings(train)

@@ -35,7 +35,6 @@ from typing import Any
 import torch
 
 from slime_gb10.grpo.interfaces import Generation, RolloutEngine, SamplingParams
-from slime_gb10.utils.errors import UserError
 
 if importlib.util.find_spec("sglang") is None:
     raise ImportError("SGLang is not installed: pip install 'slime-gb10[sglang]' (or use rollout: torch)")
@@ -101,7 +100,7 @@ UNIFIED_MEMORY_MEM_FRACTION = 0.7  # GB10: slime's setting on unified memory
 DISCRETE_GPU_MEM_FRACTION = 0.8  # colocated with the trainer on a discrete GPU
 
 
-class SGLangEngineError(UserError, RuntimeError):
+class SGLangEngineError(RuntimeError):
     """The SGLang engine failed or died; the message says what to check."""
 
 
