@@ -50,7 +50,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from slime_gb10.grpo import data, prompts
+    from slime_gb10.grpo import prompts
     from slime_gb10.grpo.algo import overlong_penalty
     from slime_gb10.grpo.config import build_config
     from slime_gb10.grpo.engines.stops import stops_in
@@ -70,7 +70,7 @@ def main() -> None:
 
     # the prompts, in our trainer's order: its sampler with the run's seed, batch after batch
     source, _ = prompts.load_splits(cfg.data, t.seed)
-    sampler = data.PromptSampler(source, batch_size=r.prompts_per_step, seed=t.seed, order=cfg.data.order)
+    sampler = prompts.PromptSampler(source, batch_size=r.prompts_per_step, seed=t.seed, order=cfg.data.order)
     batches = [sampler.next_batch() for _ in range(t.steps + 1)]
 
     def content(question: str) -> str:

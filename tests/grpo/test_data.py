@@ -15,12 +15,11 @@ from slime_gb10.grpo.data import (
     DatasetError,
     DatasetNotFoundError,
     PromptExample,
-    PromptSampler,
     gsm8k_final_answer,
     load_prompt_dataset,
     split_train_eval,
 )
-from slime_gb10.grpo.prompts import format_prompt
+from slime_gb10.grpo.prompts import PromptSampler, format_prompt
 from slime_gb10.grpo.rewards import arithmetic_reward
 
 DATA = Path(__file__).parent / "data"

@@ -9,7 +9,7 @@ import pytest
 
 from slime_gb10.grpo import data, hub_data
 from slime_gb10.grpo.config import DataConfig
-from slime_gb10.grpo.prompts import load_splits
+from slime_gb10.grpo.prompts import PromptSampler, load_splits
 
 pytest.importorskip("datasets", reason="the hub loader is Hugging Face datasets' (the gsm8k extra)")
 
@@ -96,7 +96,7 @@ def test_easy_first_starts_with_the_shortest_reference_solutions(gsm8k_dir):
     raw = [json.loads(line) for line in (gsm8k_dir / "train.jsonl").read_text().splitlines()]
     lengths = [len(r["answer"].rsplit("####", 1)[0].strip()) for r in raw]
     assert [e.difficulty for e in train[:5]] == lengths[:5]
-    sampler = data.PromptSampler(train, batch_size=16, seed=3, order="easy_first")
+    sampler = PromptSampler(train, batch_size=16, seed=3, order="easy_first")
     first = sampler.next_batch() + sampler.next_batch()
     shortest = sorted(lengths)[:32]
     assert sorted(e.difficulty for e in first) == shortest
@@ -104,11 +104,11 @@ def test_easy_first_starts_with_the_shortest_reference_solutions(gsm8k_dir):
     # resumable mid-epoch like the shuffled order
     state = sampler.state_dict()
     ahead = [e.id for e in sampler.next_batch()]
-    again = data.PromptSampler(train, batch_size=16, seed=3, order="easy_first")
+    again = PromptSampler(train, batch_size=16, seed=3, order="easy_first")
     again.load_state_dict(state)
     assert [e.id for e in again.next_batch()] == ahead
     # later epochs are shuffled again
-    tiny = data.PromptSampler(train[:6], batch_size=6, seed=0, order="easy_first")
+    tiny = PromptSampler(train[:6], batch_size=6, seed=0, order="easy_first")
     epoch0, epoch1 = tiny.next_batch(), tiny.next_batch()
     assert [e.difficulty for e in epoch0] == sorted(e.difficulty for e in train[:6])
     assert sorted(e.id for e in epoch1) == sorted(e.id for e in epoch0)
@@ -118,7 +118,7 @@ def test_easy_first_needs_a_difficulty(tmp_path):
     f = tmp_path / "generic.jsonl"
     f.write_text(json.dumps({"prompt": "2+2?", "ground_truth": "4"}) + "\n")
     with pytest.raises(data.DatasetError, match="easy_first needs a difficulty"):
-        data.PromptSampler(data.load_prompt_dataset(f), batch_size=1, order="easy_first")
+        PromptSampler(data.load_prompt_dataset(f), batch_size=1, order="easy_first")
 
 
 @pytest.mark.parametrize(

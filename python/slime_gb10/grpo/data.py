@@ -1,4 +1,4 @@
-"""Prompt data for GRPO: local JSONL/Parquet datasets and batching (chat templates:
+"""Prompt data for GRPO: local JSONL/Parquet datasets (chat templates and the sampler:
 :mod:`~slime_gb10.grpo.prompts`; generated tasks: :mod:`~slime_gb10.grpo.arithmetic`,
 :mod:`~slime_gb10.grpo.rg_tasks`).
 
@@ -7,8 +7,6 @@
   ``prompt`` / ``ground_truth`` layout; column names are configurable.
 - :mod:`~slime_gb10.grpo.hub_data` adds dataset names (``gsm8k``) and ``hf:owner/name[:config]``
   through Hugging Face ``datasets``, with the same layouts.
-- :class:`PromptSampler` yields batches over epochs with a seeded shuffle and resumes exactly
-  from its ``state_dict``.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ from __future__ import annotations
 import csv
 import json
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -333,108 +331,3 @@ def split_train_eval(
     train = [e for i, e in enumerate(examples) if i not in eval_idx]
     evals = [e for i, e in enumerate(examples) if i in eval_idx]
     return train, evals
-
-
-# --- batching ----------------------------------------------------------------------------------
-
-
-class PromptSampler:
-    """Batches of prompts, forever: epochs over a list with a seeded shuffle, or draws from a task.
-
-    For a list, epoch ``e`` visits the examples in the order of ``random.Random(f"{seed}:{e}")``'s
-    shuffle; a batch that crosses the end of an epoch continues into the next one. The state
-    (epoch, position in the epoch) restores the exact stream, mid-epoch included.
-    ``order="easy_first"``: the first epoch goes from the lowest ``difficulty`` up (ties in the
-    seeded shuffle's order), a curriculum measured on the training data only; later epochs shuffle.
-    """
-
-    def __init__(
-        self,
-        examples_or_task: Sequence[PromptExample] | Any,  # or a task (arithmetic.ArithmeticTask)
-        batch_size: int,
-        seed: int = 0,
-        order: Literal["shuffle", "easy_first"] = "shuffle",
-    ):
-        if batch_size <= 0:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
-        self.batch_size = batch_size
-        self.seed = seed
-        self.task: Any = None  # a task that generates question i by position (example_at)
-        self.examples: list[PromptExample] = []
-        if hasattr(examples_or_task, "example_at"):  # a task: its question i by position
-            self.task = examples_or_task
-        else:
-            self.examples = list(examples_or_task)
-            if not self.examples:
-                raise ValueError("PromptSampler needs at least one example")
-        if order not in ("shuffle", "easy_first"):
-            raise DatasetError(f"unknown data order {order!r}; choose shuffle or easy_first")
-        if order == "easy_first" and any(e.difficulty is None for e in self.examples):
-            raise DatasetError(
-                "data.order=easy_first needs a difficulty for every training example (the GSM8K layout "
-                "measures it: the reference solution's length); this dataset has none"
-            )
-        self.order = order
-        self.epoch = 0
-        self.index = 0  # position inside the current epoch's order
-        self._order: list[int] | None = None
-
-    def _epoch_order(self) -> list[int]:
-        if self._order is None:
-            order = list(range(len(self.examples)))
-            random.Random(f"{self.seed}:{self.epoch}").shuffle(order)
-            if self.order == "easy_first" and self.epoch == 0:
-                order.sort(key=lambda i: self.examples[i].difficulty)  # stable: ties keep the shuffle
-            self._order = order
-        return self._order
-
-    def next_batch(self) -> list[PromptExample]:
-        """The next ``batch_size`` prompts."""
-        if self.task is not None:
-            return self.task.sample(self.batch_size)
-        batch = []
-        while len(batch) < self.batch_size:
-            order = self._epoch_order()
-            take = min(self.batch_size - len(batch), len(order) - self.index)
-            batch.extend(self.examples[i] for i in order[self.index : self.index + take])
-            self.index += take
-            if self.index == len(order):
-                self.epoch += 1
-                self.index = 0
-                self._order = None
-        return batch
-
-    def __iter__(self) -> Iterator[list[PromptExample]]:
-        return self
-
-    def __next__(self) -> list[PromptExample]:
-        return self.next_batch()
-
-    def state_dict(self) -> dict[str, Any]:
-        if self.task is not None:
-            return {"kind": "task", "task": self.task.state_dict()}
-        return {
-            "kind": "examples",
-            "seed": self.seed,
-            "epoch": self.epoch,
-            "index": self.index,
-            "num_examples": len(self.examples),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        kind = "task" if self.task is not None else "examples"
-        if state.get("kind") != kind:
-            raise ValueError(
-                f"sampler state is for {state.get('kind')!r} data, this sampler draws from {kind!r}"
-            )
-        if self.task is not None:
-            self.task.load_state_dict(state["task"])
-            return
-        if state["num_examples"] != len(self.examples) or state["seed"] != self.seed:
-            raise ValueError(
-                f"sampler state was saved for {state['num_examples']} examples with seed {state['seed']}, "
-                f"this sampler has {len(self.examples)} with seed {self.seed}; resume with the same data and seed"
-            )
-        self.epoch = int(state["epoch"])
-        self.index = int(state["index"])
-        self._order = None

@@ -4,6 +4,8 @@
   and the held-out examples, from a :class:`~slime_gb10.grpo.config.DataConfig`.
 - :func:`format_prompt` / :func:`encode_prompt`: a question through the tokenizer's chat template
   (or a plain fallback), the user's text unable to inject control tokens.
+- :class:`PromptSampler`: batches over epochs with a seeded shuffle (or drawn from a task), resumed
+  exactly from its ``state_dict``.
 - :class:`PromptEncoder`: a question -> the token ids of the chat-templated prompt (with the
   configured system prompt and instruction), whether that prompt opens a ``<think>``, and the
   prompts over ``rollout.max_prompt_tokens`` left out (logged) rather than failing mid-run.
@@ -15,7 +17,9 @@ training sees.
 from __future__ import annotations
 
 import logging
-from typing import Any
+import random
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal
 
 from slime_gb10.grpo import arithmetic, data, hub_data, rewards, rg_tasks
 
@@ -197,6 +201,108 @@ def encode_prompt(
     return text, ids
 
 
+class PromptSampler:
+    """Batches of prompts, forever: epochs over a list with a seeded shuffle, or draws from a task.
+
+    For a list, epoch ``e`` visits the examples in the order of ``random.Random(f"{seed}:{e}")``'s
+    shuffle; a batch that crosses the end of an epoch continues into the next one. The state
+    (epoch, position in the epoch) restores the exact stream, mid-epoch included.
+    ``order="easy_first"``: the first epoch goes from the lowest ``difficulty`` up (ties in the
+    seeded shuffle's order), a curriculum measured on the training data only; later epochs shuffle.
+    """
+
+    def __init__(
+        self,
+        examples_or_task: Sequence[data.PromptExample] | Any,  # or a task (arithmetic.ArithmeticTask)
+        batch_size: int,
+        seed: int = 0,
+        order: Literal["shuffle", "easy_first"] = "shuffle",
+    ):
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self.batch_size = batch_size
+        self.seed = seed
+        self.task: Any = None  # a task that generates question i by position (example_at)
+        self.examples: list[data.PromptExample] = []
+        if hasattr(examples_or_task, "example_at"):  # a task: its question i by position
+            self.task = examples_or_task
+        else:
+            self.examples = list(examples_or_task)
+            if not self.examples:
+                raise ValueError("PromptSampler needs at least one example")
+        if order not in ("shuffle", "easy_first"):
+            raise data.DatasetError(f"unknown data order {order!r}; choose shuffle or easy_first")
+        if order == "easy_first" and any(e.difficulty is None for e in self.examples):
+            raise data.DatasetError(
+                "data.order=easy_first needs a difficulty for every training example (the GSM8K layout "
+                "measures it: the reference solution's length); this dataset has none"
+            )
+        self.order = order
+        self.epoch = 0
+        self.index = 0  # position inside the current epoch's order
+        self._order: list[int] | None = None
+
+    def _epoch_order(self) -> list[int]:
+        if self._order is None:
+            order = list(range(len(self.examples)))
+            random.Random(f"{self.seed}:{self.epoch}").shuffle(order)
+            if self.order == "easy_first" and self.epoch == 0:
+                order.sort(key=lambda i: self.examples[i].difficulty)  # stable: ties keep the shuffle
+            self._order = order
+        return self._order
+
+    def next_batch(self) -> list[data.PromptExample]:
+        """The next ``batch_size`` prompts."""
+        if self.task is not None:
+            return self.task.sample(self.batch_size)
+        batch = []
+        while len(batch) < self.batch_size:
+            order = self._epoch_order()
+            take = min(self.batch_size - len(batch), len(order) - self.index)
+            batch.extend(self.examples[i] for i in order[self.index : self.index + take])
+            self.index += take
+            if self.index == len(order):
+                self.epoch += 1
+                self.index = 0
+                self._order = None
+        return batch
+
+    def __iter__(self) -> Iterator[list[data.PromptExample]]:
+        return self
+
+    def __next__(self) -> list[data.PromptExample]:
+        return self.next_batch()
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.task is not None:
+            return {"kind": "task", "task": self.task.state_dict()}
+        return {
+            "kind": "examples",
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "index": self.index,
+            "num_examples": len(self.examples),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        kind = "task" if self.task is not None else "examples"
+        if state.get("kind") != kind:
+            raise ValueError(
+                f"sampler state is for {state.get('kind')!r} data, this sampler draws from {kind!r}"
+            )
+        if self.task is not None:
+            self.task.load_state_dict(state["task"])
+            return
+        if state["num_examples"] != len(self.examples) or state["seed"] != self.seed:
+            raise ValueError(
+                f"sampler state was saved for {state['num_examples']} examples with seed {state['seed']}, "
+                f"this sampler has {len(self.examples)} with seed {self.seed}; resume with the same data and seed"
+            )
+        self.epoch = int(state["epoch"])
+        self.index = int(state["index"])
+        self._order = None
+
+
 def run_splits(config: Any, dist: Any) -> tuple[Any, list[data.PromptExample]]:
     """A training run's ``(training source, held-out examples)``: :func:`load_splits` of
     ``config.data``, the same on every rank of ``dist`` (or all refuse)."""
@@ -211,7 +317,7 @@ def run_splits(config: Any, dist: Any) -> tuple[Any, list[data.PromptExample]]:
 
 def run_sampler(
     config: Any, prompts: PromptEncoder, source: Any, eval_examples: list
-) -> tuple[data.PromptSampler, list[data.PromptExample]]:
+) -> tuple[PromptSampler, list[data.PromptExample]]:
     """The prompt sampler of a run's training source and its held-out examples, both less the
     prompts over ``rollout.max_prompt_tokens``."""
     if isinstance(source, list):
@@ -221,7 +327,7 @@ def run_sampler(
                 f"every training prompt is longer than rollout.max_prompt_tokens="
                 f"{config.rollout.max_prompt_tokens}; raise it"
             )
-    sampler = data.PromptSampler(
+    sampler = PromptSampler(
         source, batch_size=config.rollout.prompts_per_step, seed=config.train.seed, order=config.data.order
     )
     return sampler, prompts.drop_long(eval_examples, "eval")

@@ -139,7 +139,9 @@ class GRPOTrainer:
         if resumed is not None:
             ckpt.restore(self, resumed)  # weights, sampler, RNG, step
             resumed = None
-        self.dist.agree_on_weights(self.backend, cfg, getattr(self, "choice", None))  # before any file changes
+        self.dist.agree_on_weights(
+            self.backend, cfg, getattr(self, "choice", None)
+        )  # before any file changes
         if self.step:
             ckpt.discard_after(self)  # a resumed run: the outputs of later steps go
         if self.dist.is_main:
