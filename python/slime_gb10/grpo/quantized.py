@@ -42,8 +42,7 @@ def is_qat(model: nn.Module) -> bool:
 def _global_scales(model: nn.Module) -> dict[str, torch.Tensor | None]:
     """Parameter name of each weight to quantize -> its global scale (None: the weight's own amax),
     from the master weights, as a QAT forward computes them."""
-    from slime_gb10.nvfp4.format import global_scale_from_amax
-    from slime_gb10.nvfp4.linear import fused_groups, nvfp4_layers, select_linear
+    from slime_gb10.nvfp4.linear import fused_groups, nvfp4_layers, select_linear, shared_global_scale
 
     if is_qat(model):  # exactly what each layer's forward computes
         return {
@@ -52,11 +51,9 @@ def _global_scales(model: nn.Module) -> dict[str, torch.Tensor | None]:
         }
     chosen = select_linear(model)
     scales: dict[str, torch.Tensor | None] = {f"{name}.weight": None for name in chosen}
-    with torch.no_grad():
-        for group in fused_groups(chosen):
-            amax = torch.stack([chosen[n].weight.detach().abs().amax().float() for n in group]).max()
-            for name in group:
-                scales[f"{name}.weight"] = global_scale_from_amax(amax)
+    for group in fused_groups(chosen):
+        scale = shared_global_scale([chosen[name].weight for name in group])
+        scales.update({f"{name}.weight": scale for name in group})
     return scales
 
 

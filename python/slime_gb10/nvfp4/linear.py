@@ -86,6 +86,14 @@ class _FakeQuantizeSTE(torch.autograd.Function):
         return grad_output, None
 
 
+def shared_global_scale(weights: Iterable[torch.Tensor], dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The one ``weight_scale_2`` of weights an engine fuses into one layer (q/k/v, gate/up): from
+    the largest ``|w|`` among them (each cast to ``dtype`` first, when given)."""
+    with torch.no_grad():
+        amax = torch.stack([w.detach().to(dtype or w.dtype).abs().amax().float() for w in weights]).max()
+    return global_scale_from_amax(amax)
+
+
 def fake_quantize(x: torch.Tensor, global_scale: torch.Tensor | None = None) -> torch.Tensor:
     """NVFP4 round trip of ``x`` whose gradient is the identity (STE)."""
     return _FakeQuantizeSTE.apply(x, global_scale)
@@ -373,11 +381,7 @@ class NVFP4Linear(nn.Module):
         group = self._fused_group
         if not group or self.packed:
             return None
-        with torch.no_grad():
-            amax = torch.stack(
-                [layer.weight.detach().to(dtype or layer.dtype).abs().amax().float() for layer in group]
-            ).max()
-        return global_scale_from_amax(amax)
+        return shared_global_scale([layer.weight for layer in group], dtype)
 
     def _forward_te(self, x: torch.Tensor) -> torch.Tensor:
         from slime_gb10.nvfp4 import te_backend
