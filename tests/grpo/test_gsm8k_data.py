@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from slime_gb10.grpo import data, hub_data
+from slime_gb10.grpo import data
 from slime_gb10.grpo.config import DataConfig
 from slime_gb10.grpo.prompts import PromptSampler, load_splits
 
@@ -50,16 +50,16 @@ def hub_layout(tmp_path, gsm8k_dir):
 
 def test_the_hub_path_through_datasets(hub_layout, gsm8k_dir, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    hub = hub_data.HubDataset(str(hub_layout), "main")
-    train = hub_data.load_hub_split(hub, "train")
-    test = hub_data.load_hub_split(hub, "test", limit=7)
+    hub = data.HubDataset(str(hub_layout), "main")
+    train = data.load_hub_split(hub, "train")
+    test = data.load_hub_split(hub, "test", limit=7)
     assert len(train) == 40 and len(test) == 7
     local = data.load_prompt_dataset(gsm8k_dir / "test.jsonl", limit=7)
     assert [(e.prompt, e.ground_truth) for e in test] == [(e.prompt, e.ground_truth) for e in local]
     # a spec: hf:<repo>:<config>; the named "gsm8k" is hf:openai/gsm8k:main
-    assert hub_data.hub_dataset("gsm8k") == hub_data.HubDataset("openai/gsm8k", "main")
-    assert hub_data.hub_dataset(f"hf:{hub_layout}:main") == hub
-    assert hub_data.hub_dataset("train.jsonl") is None
+    assert data.hub_dataset("gsm8k") == data.HubDataset("openai/gsm8k", "main")
+    assert data.hub_dataset(f"hf:{hub_layout}:main") == hub
+    assert data.hub_dataset("train.jsonl") is None
     # a hub dataset's held-out set is its test split, not a slice of train
     cfg = DataConfig(task="file", path=f"hf:{hub_layout}:main")
     source, evals = load_splits(cfg, seed=0)
@@ -72,7 +72,7 @@ def test_a_named_dataset_offline_is_one_line_naming_the_local_files(monkeypatch,
     monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-cache"))
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "empty-cache" / "datasets"))
     with pytest.raises(data.DatasetError) as err:
-        hub_data.load_dataset_spec("gsm8k", "train")
+        data.load_dataset_spec("gsm8k", "train")
     message = str(err.value)
     assert "openai/gsm8k (main), split train" in message
     assert "--data train.jsonl --set data.eval_path=test.jsonl" in message and "\n" not in message
@@ -86,7 +86,7 @@ def test_a_wrong_layout_is_a_clear_error(hub_layout, tmp_path):
     with pytest.raises(data.DatasetError, match="neither the GSM8K layout"):
         data.examples_from_records([{"q": "x", "a": "1"}], "hub split", "s")
     with pytest.raises(data.DatasetError, match="names no repository"):
-        hub_data.hub_dataset("hf:")
+        data.hub_dataset("hf:")
 
 
 def test_easy_first_starts_with_the_shortest_reference_solutions(gsm8k_dir):

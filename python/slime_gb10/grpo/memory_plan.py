@@ -270,7 +270,7 @@ def _held_out_bound(data) -> int | None:
         return None
     if data.task == "arithmetic" or (data.path or "").startswith("rg:"):
         return data.eval_size
-    from slime_gb10.grpo.hub_data import NAMED_DATASETS
+    from slime_gb10.grpo.data import NAMED_DATASETS
 
     return None if data.path in NAMED_DATASETS or (data.path or "").startswith("hf:") else data.eval_size
 

@@ -21,7 +21,7 @@ import random
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
-from slime_gb10.grpo import arithmetic, data, hub_data, rewards, rg_tasks
+from slime_gb10.grpo import arithmetic, data, rewards, rg_tasks
 
 log = logging.getLogger("slime_gb10.grpo")
 
@@ -49,10 +49,10 @@ def load_splits(cfg: Any, seed: int) -> tuple[Any, list[data.PromptExample]]:
     columns = {"prompt_key": cfg.prompt_key, "answer_key": cfg.answer_key, "layout": cfg.layout}
     # a GSM8K answer with no number can never be rewarded by a reward that compares numbers only
     columns["numeric_answers"] = rewards.compares_numbers_only(cfg.reward_spec())
-    examples = hub_data.load_dataset_spec(cfg.path, "train", limit=cfg.limit, **columns)
-    eval_spec = cfg.eval_path or (cfg.path if hub_data.hub_dataset(cfg.path) is not None else None)
+    examples = data.load_dataset_spec(cfg.path, "train", limit=cfg.limit, **columns)
+    eval_spec = cfg.eval_path or (cfg.path if data.hub_dataset(cfg.path) is not None else None)
     if eval_spec is not None:
-        return examples, hub_data.load_dataset_spec(eval_spec, "test", **columns)
+        return examples, data.load_dataset_spec(eval_spec, "test", **columns)
     if cfg.eval_size:
         return data.split_train_eval(examples, eval_size=cfg.eval_size, seed=seed)
     return examples, []
