@@ -6,9 +6,10 @@ import math
 
 import pytest
 
-from slime_gb10.grpo.evaluate import evaluate, pass_at_k
+from slime_gb10.grpo.evaluate import evaluate
 from slime_gb10.grpo.interfaces import Generation, RolloutEngine
 from slime_gb10.grpo.rewards import gsm8k_reward
+from slime_gb10.grpo.stats import pass_at_k
 
 
 def test_pass_at_k_hand_computed():

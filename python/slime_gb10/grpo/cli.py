@@ -251,7 +251,7 @@ def train_command(config_file, sets, data_path, verbose, resume_dir, overwrite, 
             trainer.setup(resume=resume, overwrite=overwrite)
             history = trainer.train()
     except TrainingInterrupted as exc:
-        click.echo(_interrupted(exc, config.output.dir), err=True)
+        click.echo(exc.explain(config.output.dir), err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt as exc:  # during setup: no step yet, nothing to save
         way_on = f"continue with: slime-gb10 train --resume {resume_dir}" if resume_dir else "run it again"
@@ -263,26 +263,6 @@ def train_command(config_file, sets, data_path, verbose, resume_dir, overwrite, 
         trainer.close()
     if trainer.dist.is_main:  # the other ranks of a torchrun job have nothing to report
         _report(history, Path(config.output.dir))
-
-
-def _interrupted(exc, run_dir: str) -> str:
-    """What an interrupted run prints: the signal, what was written, how to go on."""
-    from slime_gb10.grpo.interrupts import signal_name
-
-    way_on = f"Continue with: slime-gb10 train --resume {run_dir}"
-    if exc.written and exc.checkpoint:
-        where = f"checkpoint written to {exc.checkpoint}"
-    elif exc.at_step:
-        where = f"its checkpoint {exc.checkpoint} was already written"
-    elif exc.checkpoint:
-        where = (
-            "nothing new written (stopped mid-update, or several ranks); "
-            f"the last checkpoint is {exc.checkpoint}"
-        )
-    else:
-        where = "no checkpoint written"
-        way_on = f"Start over with --overwrite --output {run_dir}"
-    return f"\ninterrupted by {signal_name(exc.signum)} after step {exc.step}: {where}. {way_on}"
 
 
 def _report(history: list[dict], run_dir: Path) -> None:

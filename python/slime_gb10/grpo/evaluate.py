@@ -5,17 +5,15 @@ compliance (share of completions with a marked final answer: ``rewards.formatted
 mean response length and the share cut at the token limit; every question's outcome is kept
 (:class:`EvalResult`), so two evaluations of the same questions can be compared pairwise.
 
-pass@k uses the unbiased estimator of Chen et al. 2021 ("Evaluating Large Language Models
-Trained on Code", eq. 1): with ``n`` samples of which ``c`` pass,
-``pass@k = 1 - C(n - c, k) / C(n, k)``, averaged over prompts. Here ``n = k`` samples per
-prompt, for which it reduces to "at least one of the k passed".
+pass@k is the unbiased estimator of Chen et al. 2021 (:func:`slime_gb10.grpo.stats.pass_at_k`),
+averaged over prompts. Here ``n = k`` samples per prompt, for which it reduces to "at least one of
+the k passed".
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,15 +22,6 @@ from pathlib import Path
 from slime_gb10.grpo.interfaces import RolloutEngine, SamplingParams, step_seed
 
 log = logging.getLogger(__name__)
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k for one prompt with ``n`` samples, ``c`` correct (Chen et al. 2021, eq. 1)."""
-    if not 0 <= c <= n or k < 1 or k > n:
-        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 @dataclass
@@ -81,8 +70,8 @@ def evaluate(
     ``i`` ends in an open ``<think>`` (``rewards.as_scored``). ``batch_size``: prompts generated
     together (None: all at once).
     """
-    from slime_gb10.grpo.rewards import as_scored, formatted_answer, safe_rewards
-    from slime_gb10.grpo.stats import wilson_interval
+    from slime_gb10.grpo.rewards import formatted_answer, score_completions
+    from slime_gb10.grpo.stats import pass_at_k, wilson_interval
 
     opens_think = list(opens_think) if opens_think is not None else [False] * len(prompt_ids)
     ids = list(ids) if ids is not None else [str(i) for i in range(len(prompt_ids))]
@@ -99,8 +88,29 @@ def evaluate(
         ),
         batch_size,
     )
-    greedy_texts = [as_scored(g.text, o) for g, o in zip(greedy, opens_think, strict=True)]
-    greedy_rewards, _ = safe_rewards(reward_fn, greedy_texts, list(ground_truths))
+    sampled = []
+    if k > 1:  # k samples of each prompt, after the greedy answers; both scored below
+        sampled = _generate(
+            engine,
+            [list(p) for p in prompt_ids for _ in range(k)],
+            SamplingParams(
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                seed=seed,
+                stop=tuple(stop),
+                stop_regex=tuple(stop_regex),
+            ),
+            batch_size * k if batch_size else None,
+        )
+    greedy_texts, greedy_rewards, _ = score_completions(
+        reward_fn, [g.text for g in greedy], opens_think, ground_truths
+    )
+    _, rewards, _ = score_completions(
+        reward_fn,
+        [g.text for g in sampled],
+        [o for o in opens_think for _ in range(k)] if sampled else [],
+        [t for t in ground_truths for _ in range(k)] if sampled else [],
+    )
     questions = []
     for i, (g, text, reward) in enumerate(zip(greedy, greedy_texts, greedy_rewards, strict=True)):
         length = len(g.completion_ids)
@@ -128,23 +138,7 @@ def evaluate(
         "truncated_rate": sum(q["truncated"] for q in questions) / n,
         "num_prompts": float(n),
     }
-    if k > 1:
-        repeated = [list(p) for p in prompt_ids for _ in range(k)]
-        truths = [t for t in ground_truths for _ in range(k)]
-        sampled = _generate(
-            engine,
-            repeated,
-            SamplingParams(
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                seed=seed,
-                stop=tuple(stop),
-                stop_regex=tuple(stop_regex),
-            ),
-            batch_size * k if batch_size else None,
-        )
-        sampled_texts = [as_scored(g.text, opens_think[i // k]) for i, g in enumerate(sampled)]
-        rewards, _ = safe_rewards(reward_fn, sampled_texts, truths)
+    if sampled:
         scores = []
         for i in range(len(prompt_ids)):
             correct = sum(r >= pass_threshold for r in rewards[i * k : (i + 1) * k])
@@ -161,7 +155,7 @@ def evaluate_examples(
     """:func:`evaluate` on held-out ``examples`` with a run's settings (``config.eval``, ``.data``,
     ``.rollout``); ``prompts`` is the run's ``prompts.PromptEncoder``. Training and ``slime-gb10 eval``
     both evaluate through here. Each question's record carries a digest of its text
-    (:func:`question_digest`), so ``compare`` can tell two sets of questions apart that share ids."""
+    (:func:`~slime_gb10.grpo.stats.question_digest`), so ``compare`` can tell two sets of questions apart that share ids."""
     result = evaluate(
         engine,
         [prompts.ids(e) for e in examples],
@@ -178,16 +172,11 @@ def evaluate_examples(
         stop_regex=config.rollout.stop_regex,
         batch_size=config.eval.batch_size,
     )
+    from slime_gb10.grpo.stats import question_digest
+
     for record, example in zip(result.questions, examples, strict=True):
         record["question_digest"] = question_digest(example.prompt)
     return result
-
-
-def question_digest(question: str) -> str:
-    """A short fingerprint of a question's text (the first 16 hex digits of its SHA-256)."""
-    import hashlib
-
-    return hashlib.sha256(question.strip().encode("utf-8")).hexdigest()[:16]
 
 
 # ------------------------------------------------------------------------- during a training run

@@ -73,6 +73,23 @@ class TrainingInterrupted(KeyboardInterrupt):
     def exit_code(self) -> int:
         return 128 + self.signum
 
+    def explain(self, run_dir: str | Path) -> str:
+        """What ``slime-gb10 train`` prints: the signal, what was written, how to go on."""
+        way_on = f"Continue with: slime-gb10 train --resume {run_dir}"
+        if self.written and self.checkpoint:
+            where = f"checkpoint written to {self.checkpoint}"
+        elif self.at_step:
+            where = f"its checkpoint {self.checkpoint} was already written"
+        elif self.checkpoint:
+            where = (
+                "nothing new written (stopped mid-update, or several ranks); "
+                f"the last checkpoint is {self.checkpoint}"
+            )
+        else:
+            where = "no checkpoint written"
+            way_on = f"Start over with --overwrite --output {run_dir}"
+        return f"\ninterrupted by {signal_name(self.signum)} after step {self.step}: {where}. {way_on}"
+
     @property
     def at_step(self) -> bool:
         """``checkpoint`` holds ``step`` itself (a resume loses nothing)."""

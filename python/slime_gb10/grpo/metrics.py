@@ -56,9 +56,10 @@ def truncate_after(path: str | Path, step: int) -> None:
 
 
 class JsonlWriter:
+    """Appends JSON lines to ``path`` (its directory exists: :meth:`RunLogger.open` made it)."""
+
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        ensure_writable_dir(self.path.parent)
         self._fh = open(self.path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - long-lived
 
     def write(self, row: dict) -> None:
@@ -83,10 +84,18 @@ def require_reporter(report_to: str) -> None:
 
 
 class RunLogger:
-    """metrics.jsonl + samples.jsonl + an optional TensorBoard / W&B reporter."""
+    """config.yaml + metrics.jsonl + samples.jsonl + an optional TensorBoard / W&B reporter."""
+
+    @classmethod
+    def open(cls, run_dir: str | Path, config) -> RunLogger:
+        """A run's outputs (GRPO or SFT): the directory checked writable, ``config.yaml`` written
+        atomically (what ``--resume`` reads back), then the logs. ``config``: a ``GRPOConfig``."""
+        run_dir = ensure_writable_dir(run_dir)
+        atomic_write_text(run_dir / "config.yaml", config.to_yaml())
+        return cls(run_dir, config.output.report_to, config.model_dump(mode="json"))
 
     def __init__(self, run_dir: str | Path, report_to: str = "none", config: dict | None = None):
-        self.run_dir = ensure_writable_dir(run_dir)
+        self.run_dir = Path(run_dir)  # an existing, writable directory (:meth:`open`)
         self.metrics = JsonlWriter(self.run_dir / METRICS_FILE)
         self.samples = JsonlWriter(self.run_dir / SAMPLES_FILE)
         self._tb = None

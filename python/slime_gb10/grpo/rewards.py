@@ -405,6 +405,16 @@ def safe_rewards(
     return rewards, failures
 
 
+def score_completions(
+    fn: RewardFn, completions: Sequence[str], opens_think: Sequence[bool], ground_truths: Sequence[str]
+) -> tuple[list[str], list[float], int]:
+    """:func:`safe_rewards` of what the reward sees (:func:`as_scored`): ``(texts, rewards,
+    num_failures)``; for the training step and the evaluation alike."""
+    texts = [as_scored(c, o) for c, o in zip(completions, opens_think, strict=True)]
+    rewards, failures = safe_rewards(fn, texts, ground_truths)
+    return texts, rewards, failures
+
+
 def rg_reward(completion: str, ground_truth: str) -> float:
     """A reasoning-gym task's own score of the completion's final answer (``rg_tasks.rg_reward``;
     the ground truth is the JSON its ``rg:`` examples carry)."""

@@ -13,7 +13,7 @@ import torch
 from slime_gb10.grpo import algo
 from slime_gb10.grpo.batching import Sample
 from slime_gb10.grpo.interfaces import Generation
-from slime_gb10.grpo.rewards import as_scored, safe_rewards
+from slime_gb10.grpo.rewards import score_completions
 
 
 @dataclass
@@ -32,8 +32,9 @@ def score_generations(
     """Rewards, shaped rewards, group advantages and samples of one step's ``generations`` (groups of
     ``cfg.rollout.group_size`` consecutive completions of one prompt)."""
     G = cfg.rollout.group_size
-    scored = [as_scored(g.text, o) for g, o in zip(generations, opens_think, strict=True)]
-    rewards, reward_errors = safe_rewards(reward_fn, scored, list(truths))
+    _, rewards, reward_errors = score_completions(
+        reward_fn, [g.text for g in generations], opens_think, truths
+    )
     # the length remedies (algo.truncated_reward, algo.overlong_buffer): what advantages see
     shaping = {
         "lengths": torch.tensor([len(g.completion_ids) for g in generations]),

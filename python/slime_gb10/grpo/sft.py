@@ -201,7 +201,7 @@ def _train(config, run_dir: Path, source: list, held_out: list, progress: bool) 
     from slime_gb10.grpo.metrics import RunLogger
     from slime_gb10.grpo.models import eos_token_ids, load_causal_lm, load_tokenizer, resolve_model_path
     from slime_gb10.grpo.registry import resolve_device
-    from slime_gb10.utils.atomic import atomic_directory, atomic_write_text
+    from slime_gb10.utils.atomic import atomic_directory
 
     sft, train = config.sft, config.train
     torch.manual_seed(train.seed)
@@ -235,8 +235,7 @@ def _train(config, run_dir: Path, source: list, held_out: list, progress: bool) 
     steps = step_batches(len(examples), sft.batch_size, sft.epochs, train.seed)
     logger = None
     try:
-        atomic_write_text(run_dir / "config.yaml", config.to_yaml())
-        logger = RunLogger(run_dir, config.output.report_to, config.model_dump(mode="json"))
+        logger = RunLogger.open(run_dir, config)
         before = mean_nll(model, held, sft.micro_batch_size, pad_id, device, autocast)
         logger.log_step({"step": 0, "eval/loss": before, "eval/examples": len(held)})
         bar = None

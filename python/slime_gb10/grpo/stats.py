@@ -1,4 +1,7 @@
-"""The statistics of an evaluation: a binomial confidence interval and a paired test.
+"""The statistics of an evaluation: pass@k, a binomial confidence interval and a paired test.
+
+- :func:`pass_at_k`: the unbiased pass@k of one prompt (Chen et al. 2021).
+- :func:`question_digest`: a question's fingerprint, so that two evaluations pair the same questions.
 
 - :func:`wilson_interval`: Wilson's score interval for a proportion (Wilson 1927), the interval that
   keeps its coverage near 0 and 1, where a 2% pass@1 lives (the normal approximation would give a
@@ -28,6 +31,24 @@ def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, flo
     centre = (p + z * z / (2 * n)) / denominator
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for one prompt with ``n`` samples, ``c`` correct (Chen et al. 2021,
+    "Evaluating Large Language Models Trained on Code", eq. 1): ``1 - C(n - c, k) / C(n, k)``."""
+    if not 0 <= c <= n or k < 1 or k > n:
+        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def question_digest(question: str) -> str:
+    """A short fingerprint of a question's text (the first 16 hex digits of its SHA-256), kept in
+    each record of an evaluation so that :func:`compare_evaluations` pairs the same questions."""
+    import hashlib
+
+    return hashlib.sha256(question.strip().encode("utf-8")).hexdigest()[:16]
 
 
 def mcnemar_exact(only_first: int, only_second: int) -> float:

@@ -109,7 +109,6 @@ class GRPOTrainer:
         from slime_gb10.grpo.metrics import RunLogger, require_reporter
         from slime_gb10.grpo.models import check_context_fits, load_tokenizer, resolve_model_path
         from slime_gb10.grpo.rewards import FailureStreak, get_reward
-        from slime_gb10.utils.atomic import atomic_write_text
 
         cfg = self.config
         resumed = None
@@ -119,21 +118,23 @@ class GRPOTrainer:
         torch.manual_seed(cfg.train.seed)
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
-        self._train_source, self.eval_examples = run_splits(cfg, self.dist)  # the same on every rank
-        self.reward_fn = get_reward(cfg.data.reward_spec())
-        self._reward_failures = FailureStreak(cfg.data.max_failed_reward_steps, self.reward_fn)
         if self.tokenizer is None:
             self.tokenizer = load_tokenizer(
                 resolve_model_path(cfg.model.name_or_path), cfg.model.trust_remote_code
             )
-        self.prompts = PromptEncoder.from_config(self.tokenizer, cfg)
-        if self.engine is None or self.backend is None:
+        build = self.engine is None or self.backend is None
+        if build:
             check_context_fits(cfg)  # before any weights load: a too long sequence would crash mid-run
-            memory_plan.check_run(self)  # the estimated peak must fit the free memory (issue #41)
-            self.engine, self.backend, self.choice, self.device = registry.build_pair(cfg, self.tokenizer)
+        self.reward_fn = get_reward(cfg.data.reward_spec())
+        self._reward_failures = FailureStreak(cfg.data.max_failed_reward_steps, self.reward_fn)
+        self._train_source, self.eval_examples = run_splits(cfg, self.dist)  # the same on every rank
+        self.prompts = PromptEncoder.from_config(self.tokenizer, cfg)
         self.sampler, self.eval_examples = run_sampler(
             cfg, self.prompts, self._train_source, self.eval_examples
         )
+        if build:
+            memory_plan.check_run(self)  # the estimated peak must fit the free memory (issue #41)
+            self.engine, self.backend, self.choice, self.device = registry.build_pair(cfg, self.tokenizer)
         self.device = self.device or getattr(self.backend, "device", torch.device("cpu"))
         self.pad_token_id = self.tokenizer.pad_token_id
         if resumed is not None:
@@ -145,8 +146,7 @@ class GRPOTrainer:
         if self.step:
             ckpt.discard_after(self)  # a resumed run: the outputs of later steps go
         if self.dist.is_main:
-            atomic_write_text(self.run_dir / "config.yaml", cfg.to_yaml())
-            self.logger = RunLogger(self.run_dir, cfg.output.report_to, cfg.model_dump(mode="json"))
+            self.logger = RunLogger.open(self.run_dir, cfg)
         else:
             self.logger = NullLogger()
         if self.dist.enabled:  # every rank sums its gradients with the others before clipping
@@ -262,6 +262,7 @@ class GRPOTrainer:
             raise DatasetError("the prompt sampler returned no prompts (empty dataset?)")
         examples = self.dist.shard(list(batch))
         repeated = [self.prompts.ids(e) for e in examples for _ in range(G)]
+        opens = [self.prompts.opens_think(e) for e in examples for _ in range(G)]
         truths = [str(e.ground_truth) for e in examples for _ in range(G)]
         self.engine.wake()
         t0 = time.perf_counter()
@@ -271,7 +272,6 @@ class GRPOTrainer:
         self.engine.sleep()
 
         # 2. rewards, the length remedies, group advantages, the samples to train on
-        opens = [self.prompts.opens_think(e) for e in examples for _ in range(G)]
         scored = score_generations(generations, truths, opens, self.reward_fn, cfg)
         self._reward_failures.check(scored.reward_errors, len(scored.rewards), step)
 
@@ -322,6 +322,9 @@ class GRPOTrainer:
                 engine_stats=self.engine.stats(),
                 backend_stats=self.backend.stats(),
             )
+            samples = sample_rows(
+                step, generations, scored.rewards, truths, self.tokenizer, G, cfg.output.samples_per_step
+            )
             if cuda:
                 row["peak_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
             mfu = step_mfu(
@@ -341,16 +344,5 @@ class GRPOTrainer:
                 log.info("step %d eval: %s", step, eval_summary(row))
 
             self.logger.log_step(row)
-            if cfg.output.samples_per_step:
-                self.logger.log_samples(
-                    sample_rows(
-                        step,
-                        generations,
-                        scored.rewards,
-                        truths,
-                        self.tokenizer,
-                        G,
-                        cfg.output.samples_per_step,
-                    )
-                )
+            self.logger.log_samples(samples)
             return row
