@@ -29,6 +29,17 @@ def test_save_load_prune(tmp_path):
     assert trainer["step"] == 3 and policy["w"].tolist() == [3.0, 3.0]
 
 
+def test_pruning_never_removes_the_checkpoint_just_written(tmp_path):
+    """A newer step left behind (a resume whose discard failed) must not make the new checkpoint the
+    "oldest beyond keep": the others are pruned, the one just written stays."""
+    save_checkpoint(tmp_path, 20, {"w": torch.zeros(1)}, {"step": 20})
+    path = save_checkpoint(tmp_path, 11, {"w": torch.ones(1)}, {"step": 11}, keep=1)
+    assert path.is_dir() and [s for s, _ in list_checkpoints(tmp_path)] == [11]
+    save_checkpoint(tmp_path, 12, {"w": torch.ones(1)}, {"step": 12}, keep=2)
+    save_checkpoint(tmp_path, 13, {"w": torch.ones(1)}, {"step": 13}, keep=2)
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [12, 13]
+
+
 def test_incomplete_checkpoint_is_ignored(tmp_path):
     save_checkpoint(tmp_path, 1, {"w": torch.zeros(1)}, {"step": 1})
     broken = tmp_path / "checkpoints" / "step-000005"

@@ -340,16 +340,17 @@ def test_sft_stops_on_sigterm_like_ctrl_c(tiny_dir, tmp_path, monkeypatch):
 def test_a_safety_net_the_disk_cannot_hold_still_leaves_the_final_model(tiny_dir, tmp_path, monkeypatch):
     """The checkpoint before final_model/ fails (a disk too full for 12 bytes a parameter): the
     smaller final model is still written, and the run succeeds."""
+    from slime_gb10.grpo import checkpoint
     from slime_gb10.grpo.checkpoint import CheckpointError
 
-    real_save = GRPOTrainer.save
+    real_save = checkpoint.save
 
-    def save(self, reason="periodic", prune=True):
+    def save(run, reason="periodic", prune=True):
         if reason == "final":
             raise CheckpointError("no space left on device (3 MiB free)")
-        return real_save(self, reason, prune)
+        return real_save(run, reason, prune)
 
-    monkeypatch.setattr(GRPOTrainer, "save", save)
+    monkeypatch.setattr(checkpoint, "save", save)
     out = tmp_path / "run"
     result = cli_train(tiny_dir, out)
     assert result.exit_code == 0, result.output

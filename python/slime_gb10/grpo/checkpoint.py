@@ -173,6 +173,8 @@ def save_checkpoint(
     if (target / "meta.json").is_file():
         log.info("checkpoint of step %d already written: %s", step, target)
         return target
+    # the others, oldest first, listed before the write: pruning never removes the new one
+    others = [path for _, path in list_checkpoints(run_dir) if path != target]
     try:
         with atomic_directory(target) as tmp:
             torch.save(policy_state, tmp / "policy.pt")
@@ -182,7 +184,7 @@ def save_checkpoint(
             )
     except (OSError, RuntimeError) as exc:
         raise _write_failure(target, exc, _tensor_bytes(policy_state), run_dir) from exc
-    for _, old in list_checkpoints(run_dir)[:-keep]:
+    for old in others[: max(0, len(others) + 1 - keep)]:  # keep - 1 others stay beside it
         shutil.rmtree(old, ignore_errors=True)
     return target
 
@@ -239,6 +241,30 @@ def load_for_resume(target: str | Path) -> tuple[Path, dict, dict]:
             )
         return path, policy, trainer
     raise CheckpointError(f"--resume: no readable checkpoint under '{target / CHECKPOINT_DIR}': {errors[0]}")
+
+
+def save(run, reason: str = "periodic", prune: bool = True) -> Path:
+    """Checkpoint a training run (``GRPOTrainer``) at its last step boundary; rank 0 writes, every
+    rank calls (a collective: each rank's RNG state is gathered). ``prune``: keep only
+    ``output.keep_checkpoints``. Returns the checkpoint's path (on every rank)."""
+    boundary = run._boundary
+    assert boundary is not None and boundary["step"] == run.step
+    state = {**boundary, "world_size": run.dist.world_size}
+    if run.dist.enabled:
+        state["rank_rng"] = run.dist.gather(boundary["rng"])
+    path = checkpoint_path(run.run_dir, run.step)  # where rank 0 writes it
+    if run.dist.is_main:
+        path = save_checkpoint(
+            run.run_dir,
+            run.step,
+            run.backend.state_dict(),
+            state,
+            keep=run.config.output.keep_checkpoints if prune else 1 << 30,
+            reason=reason,
+        )
+    run.dist.barrier()
+    run._last_checkpoint = path
+    return path
 
 
 def restore(run, resumed: tuple[Path, dict, dict]) -> None:

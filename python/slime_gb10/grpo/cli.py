@@ -242,6 +242,7 @@ def train_command(config_file, sets, data_path, verbose, resume_dir, overwrite, 
     _setup_logging(verbose)
     _apply_runtime_fixes()
     from slime_gb10.grpo.interrupts import signal_name, signal_of, stop_on_signals
+    from slime_gb10.grpo.metrics import run_summary
     from slime_gb10.grpo.trainer import GRPOTrainer, TrainingInterrupted
 
     trainer = GRPOTrainer(config)
@@ -262,37 +263,7 @@ def train_command(config_file, sets, data_path, verbose, resume_dir, overwrite, 
     finally:
         trainer.close()
     if trainer.dist.is_main:  # the other ranks of a torchrun job have nothing to report
-        _report(history, Path(config.output.dir))
-
-
-def _report(history: list[dict], run_dir: Path) -> None:
-    """The closing lines of a run: reward and held-out pass@1 first -> last, curves.png, outputs."""
-    from slime_gb10.grpo.metrics import METRICS_FILE, read_jsonl
-    from slime_gb10.grpo.plot import PlotError, plot_run
-
-    if not history:
-        click.echo(f"nothing to do: the run in {run_dir} is already at train.steps (raise --steps to go on)")
-        return
-    n = min(3, len(history))
-    first = sum(r["reward_mean"] for r in history[:n]) / n
-    last = sum(r["reward_mean"] for r in history[-n:]) / n
-    lines = [
-        f"done: {len(history)} steps; mean reward of the first {n} steps {first:.3f} -> last {n} {last:.3f}"
-    ]
-    evals = [r for r in read_jsonl(run_dir / METRICS_FILE) if "eval/pass@1" in r]
-    if len(evals) >= 2:
-        a, b = evals[0], evals[-1]
-        count = int(b.get("eval/num_prompts", 0))
-        lines.append(
-            f"held-out pass@1 (greedy, {count} prompts): step {a['step']} {a['eval/pass@1']:.3f} -> "
-            f"step {b['step']} {b['eval/pass@1']:.3f}"
-        )
-    try:
-        lines.append(f"curves: {plot_run(run_dir)}")
-    except PlotError as exc:
-        lines.append(f"curves: not drawn ({exc})")
-    lines.append(f"outputs in {run_dir}")
-    click.echo("\n".join(lines))
+        click.echo(run_summary(history, Path(config.output.dir)))
 
 
 def _num_prompts(value: str | None) -> int | str | None:

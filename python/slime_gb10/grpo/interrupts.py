@@ -165,11 +165,12 @@ def finish_step_before_interrupt():
 def checkpoint_on_interrupt(trainer):
     """An interrupt in the block ends in :class:`TrainingInterrupted` with a resumable checkpoint.
 
-    The checkpoint (``trainer.save("interrupt")``) is written when the weights in memory are a step
-    boundary (not ``trainer._mid_step``) of which no checkpoint exists yet. Under several ranks
+    The checkpoint (``checkpoint.save(trainer, "interrupt")``) is written when the weights in
+    memory are a step boundary (not ``trainer._mid_step``) of which no checkpoint exists yet. Under several ranks
     nothing is written: a checkpoint needs all of them, and some may already be gone. A second
     signal while the checkpoint is written stops at once, without it.
     """
+    from slime_gb10.grpo import checkpoint
     from slime_gb10.grpo.checkpoint import checkpoint_path
 
     try:
@@ -182,7 +183,7 @@ def checkpoint_on_interrupt(trainer):
         if done or trainer._mid_step or trainer.dist.enabled or trainer._boundary is None:
             raise TrainingInterrupted(last, step, written=False, signum=signum) from None
         try:
-            path = trainer.save("interrupt")
+            path = checkpoint.save(trainer, "interrupt")
         except KeyboardInterrupt:  # a second signal: stop now; the temporary directory is removed
             raise TrainingInterrupted(last, step, written=False, signum=signum) from None
         raise TrainingInterrupted(path, step, signum=signum) from None
@@ -215,6 +216,7 @@ def write_final_model(trainer) -> None:
     """
     import torch
 
+    from slime_gb10.grpo import checkpoint
     from slime_gb10.grpo.checkpoint import CheckpointError, checkpoint_path
     from slime_gb10.utils.atomic import atomic_directory
 
@@ -226,7 +228,7 @@ def write_final_model(trainer) -> None:
     safety_net = last is None or Path(last) != final
     if safety_net:  # every rank: save() is a collective
         try:
-            final = trainer.save("final", prune=False)
+            final = checkpoint.save(trainer, "final", prune=False)
         except CheckpointError as exc:
             if trainer.dist.enabled:
                 raise

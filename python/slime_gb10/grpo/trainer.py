@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from slime_gb10.grpo import distributed, interrupts
+from slime_gb10.grpo import checkpoint, distributed, interrupts
 from slime_gb10.grpo.batching import update_policy
 from slime_gb10.grpo.config import GRPOConfig
 from slime_gb10.grpo.data import DatasetError
@@ -104,7 +104,6 @@ class GRPOTrainer:
             raise
 
     def _setup(self, resume: bool | str | Path) -> None:
-        from slime_gb10.grpo import checkpoint as ckpt
         from slime_gb10.grpo import memory_plan, registry
         from slime_gb10.grpo.metrics import RunLogger, require_reporter
         from slime_gb10.grpo.models import check_context_fits, load_tokenizer, resolve_model_path
@@ -113,7 +112,7 @@ class GRPOTrainer:
         cfg = self.config
         resumed = None
         if resume:  # read the checkpoint (as data) before loading any model: fail early
-            resumed = ckpt.load_for_resume(self.run_dir if resume is True else Path(resume))
+            resumed = checkpoint.load_for_resume(self.run_dir if resume is True else Path(resume))
         require_reporter(cfg.output.report_to)
         torch.manual_seed(cfg.train.seed)
         if cfg.train.deterministic:
@@ -138,13 +137,13 @@ class GRPOTrainer:
         self.device = self.device or getattr(self.backend, "device", torch.device("cpu"))
         self.pad_token_id = self.tokenizer.pad_token_id
         if resumed is not None:
-            ckpt.restore(self, resumed)  # weights, sampler, RNG, step
+            checkpoint.restore(self, resumed)  # weights, sampler, RNG, step
             resumed = None
         self.dist.agree_on_weights(
             self.backend, cfg, getattr(self, "choice", None)
         )  # before any file changes
         if self.step:
-            ckpt.discard_after(self)  # a resumed run: the outputs of later steps go
+            checkpoint.discard_after(self)  # a resumed run: the outputs of later steps go
         if self.dist.is_main:
             self.logger = RunLogger.open(self.run_dir, cfg)
         else:
@@ -161,30 +160,7 @@ class GRPOTrainer:
         return time.perf_counter() - start
 
     def _snapshot(self) -> dict:
-        from slime_gb10.grpo.checkpoint import rng_state
-
-        return {"step": self.step, "sampler": self.sampler.state_dict(), "rng": rng_state()}
-
-    def save(self, reason: str = "periodic", prune: bool = True) -> Path:
-        from slime_gb10.grpo.checkpoint import checkpoint_path, save_checkpoint
-
-        assert self._boundary is not None and self._boundary["step"] == self.step
-        state = {**self._boundary, "world_size": self.dist.world_size}
-        if self.dist.enabled:  # every rank's RNG state; rank 0 writes (a collective: all ranks call save)
-            state["rank_rng"] = self.dist.gather(self._boundary["rng"])
-        path = checkpoint_path(self.run_dir, self.step)  # where rank 0 writes it
-        if self.dist.is_main:
-            path = save_checkpoint(
-                self.run_dir,
-                self.step,
-                self.backend.state_dict(),
-                state,
-                keep=self.config.output.keep_checkpoints if prune else 1 << 30,
-                reason=reason,
-            )
-        self.dist.barrier()
-        self._last_checkpoint = path
-        return path
+        return {"step": self.step, "sampler": self.sampler.state_dict(), "rng": checkpoint.rng_state()}
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> list[dict]:
@@ -224,7 +200,7 @@ class GRPOTrainer:
                         progress.set_postfix(progress_fields(row))
                     every = cfg.output.checkpoint_every
                     if every and (self.step % every == 0 or self.step == cfg.train.steps):
-                        self.save("final" if self.step == cfg.train.steps else "periodic")
+                        checkpoint.save(self, "final" if self.step == cfg.train.steps else "periodic")
             finally:
                 if progress is not None:
                     progress.close()
