@@ -82,6 +82,30 @@ def test_fake_quantize_straight_through_gradient():
     assert torch.equal(x.grad, g)
 
 
+def test_qat_layer_compiles_as_one_graph():
+    """torch.compile(fullgraph=True) of a QAT layer (weights only, as GRPO's nvfp4-qat trains): the
+    round trip is one opaque operator (no graph break, no tracing into the quantizer), forward and
+    straight-through gradients equal eager's. The Triton path that made Dynamo fail on an H100 runs
+    in tests/grpo/test_quantized.py's GPU test. (Quantized activations read their static scale
+    with a host sync, documented in ``activation_global_scale``: a graph break there.)"""
+    torch.manual_seed(2)
+    linear = nn.Linear(64, 16, dtype=torch.float32)
+    layer = NVFP4Linear.from_linear(linear, backend="qat")
+    x = torch.randn(5, 64)
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+    outs, grads = [], []
+    for run in (layer, compiled):
+        layer.zero_grad(set_to_none=True)
+        xi = x.clone().requires_grad_(True)
+        out = run(xi)
+        out.square().sum().backward()
+        outs.append(out.detach())
+        grads.append((layer.weight.grad.clone(), xi.grad.clone()))
+    torch._dynamo.reset()
+    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+
+
 @pytest.mark.parametrize("quantize_activations", [False, True])
 def test_qat_backward_uses_the_straight_through_estimator(quantize_activations):
     torch.manual_seed(1)

@@ -72,18 +72,30 @@ DEFAULT_EXCLUDE = (
 # fake quantization with a straight-through estimator
 
 
-class _FakeQuantizeSTE(torch.autograd.Function):
-    """Forward: ``dequantize(quantize(x))``; backward: identity (straight-through estimator,
-    Bengio et al. 2013; as in NVIDIA's NVFP4 QAT). Amax-based scales never saturate, so no
-    gradient clipping is needed for weights."""
+# One operator to torch.compile (a custom op): Dynamo neither traces into the quantizer (its Triton
+# launch and host-side checks made the compiled QAT layers fall back to eager on an H100: Dynamo's
+# "'SymNodeVariable' object has no attribute 'value'") nor breaks the graph around it; Inductor calls
+# it as it is, and its gradient is declared below.
+@torch.library.custom_op(
+    "slime_gb10::nvfp4_round_trip", mutates_args=(), schema="(Tensor x, Tensor? global_scale) -> Tensor"
+)
+def _round_trip(x: torch.Tensor, global_scale: torch.Tensor | None) -> torch.Tensor:
+    return dequantize(quantize(x, global_scale), dtype=x.dtype)
 
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, global_scale: torch.Tensor | None) -> torch.Tensor:
-        return dequantize(quantize(x, global_scale), dtype=x.dtype)
 
-    @staticmethod
-    def backward(ctx, grad_output: torch.Tensor):
-        return grad_output, None
+@_round_trip.register_fake
+def _round_trip_shape(x: torch.Tensor, global_scale: torch.Tensor | None) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def _straight_through(ctx, grad_output: torch.Tensor):
+    """Backward of the round trip: the identity (straight-through estimator, Bengio et al. 2013; as
+    in NVIDIA's NVFP4 QAT). Amax-based scales never saturate, so no gradient clipping is needed for
+    weights."""
+    return grad_output, None
+
+
+_round_trip.register_autograd(_straight_through)
 
 
 def shared_global_scale(weights: Iterable[torch.Tensor], dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -95,8 +107,8 @@ def shared_global_scale(weights: Iterable[torch.Tensor], dtype: torch.dtype | No
 
 
 def fake_quantize(x: torch.Tensor, global_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """NVFP4 round trip of ``x`` whose gradient is the identity (STE)."""
-    return _FakeQuantizeSTE.apply(x, global_scale)
+    """NVFP4 round trip of ``x``, ``dequantize(quantize(x))``, whose gradient is the identity (STE)."""
+    return _round_trip(x, global_scale)
 
 
 # ---------------------------------------------------------------------------------------------
