@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 
 from slime_gb10.grpo import rewards
 from slime_gb10.grpo.config import build_config
@@ -108,6 +109,21 @@ def test_nvfp4_rollouts_differ_from_a_bf16_trainer_and_not_from_a_qat_one(tiny_d
     assert {"mismatch_k1", "mismatch_exp_abs", "mismatch_exp_abs_median", "mis_masked_frac"} <= set(
         history[-1]
     )
+
+
+def test_nvfp4_rollouts_train_through_qat_unless_told_otherwise():
+    """The shipped default (issue #39's three arms): NVFP4 rollouts bring NVFP4 QAT; an explicit
+    train.quantization is kept, and the choice survives config.yaml (what --resume reads)."""
+    from slime_gb10.grpo.config import GRPOConfig
+
+    chosen = build_config(sets=["rollout.weights=nvfp4"])
+    assert chosen.train.quantization == "nvfp4-qat"
+    assert (
+        build_config(sets=["rollout.weights=nvfp4", "train.quantization=none"]).train.quantization == "none"
+    )
+    assert build_config().train.quantization == "none"  # BF16 rollouts: nothing changes
+    again = GRPOConfig.model_validate(yaml.safe_load(chosen.to_yaml()))
+    assert again.train.quantization == "nvfp4-qat"
 
 
 def test_the_megatron_backend_refuses_the_nvfp4_settings():

@@ -12,6 +12,7 @@ def test_every_recipe_is_a_valid_config():
         "gsm8k-qwen2.5-0.5b-gb10",
         "gsm8k-smollm2-135m",
         "rg-arithmetic-mix-smollm2-135m",
+        "rg-nvfp4-smollm2-135m",
         "rg-smollm2-135m",
     ]
     for name in recipes():
@@ -38,6 +39,25 @@ def test_the_mixed_rg_recipe_is_the_single_task_recipe_on_three_tasks_500_held_o
                 assert value == single.model_dump()[section][key], f"{section}.{key}"
     _, held = rg_tasks.load_splits(mix.data.path, eval_size=mix.data.eval_size, seed=0, train_size=50)
     assert [rg_tasks.tasks_of(held).count(t) for t in tasks] == [500, 500, 500]
+
+
+def test_the_nvfp4_recipe_is_the_rg_recipe_with_nvfp4_rollouts_and_qat():
+    """What the three-arm experiment ran as arm C (BENCHMARKS.md): only the task, the rollout weights,
+    the quantization, 500 steps, evals every 100 and the output folder differ from rg-smollm2-135m."""
+    nvfp4 = build_config("rg-nvfp4-smollm2-135m", {}, [])
+    single = build_config("rg-smollm2-135m", {"data.path": nvfp4.data.path}, [])
+    assert (nvfp4.rollout.weights, nvfp4.train.quantization) == ("nvfp4", "nvfp4-qat")
+    differs = {
+        "rollout": {"weights"},
+        "train": {"quantization", "steps"},
+        "eval": {"every"},
+        "output": {"dir"},
+    }
+    for section, fields in nvfp4.model_dump().items():
+        for key, value in fields.items():
+            if key not in differs.get(section, ()):
+                assert value == single.model_dump()[section][key], f"{section}.{key}"
+    assert (nvfp4.train.steps, nvfp4.eval.every) == (500, 100)
 
 
 def test_the_rg_recipe_takes_any_task_and_scores_it_with_the_tasks_own_verifier():
