@@ -15,14 +15,14 @@ import json
 
 import torch
 
-from slime_gb10.grpo.engines.static_decoder import StaticDecoder
-from slime_gb10.grpo.engines.torch_engine import (
+from slime_gb10.grpo.engines.torch.engine import (
     GRAPH_REPLAY_TOLERANCE,
     TorchRolloutEngine,
     _GraphedStep,
     attention_length,
     graph_replay_error,
 )
+from slime_gb10.grpo.engines.torch.static_decoder import StaticDecoder
 from slime_gb10.grpo.interfaces import SamplingParams
 from slime_gb10.grpo.models import eos_token_ids, load_causal_lm, load_tokenizer, resolve_model_path
 

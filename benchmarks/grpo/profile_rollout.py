@@ -14,7 +14,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from slime_gb10.grpo.engines.torch_engine import TorchRolloutEngine
+from slime_gb10.grpo.engines.torch.engine import TorchRolloutEngine
 from slime_gb10.grpo.interfaces import SamplingParams
 from slime_gb10.grpo.models import eos_token_ids, load_causal_lm, load_tokenizer
 

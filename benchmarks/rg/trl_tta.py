@@ -53,7 +53,7 @@ def main() -> None:
     from slime_gb10.grpo import prompts
     from slime_gb10.grpo.algo import overlong_penalty
     from slime_gb10.grpo.config import build_config
-    from slime_gb10.grpo.engines.stops import stops_in
+    from slime_gb10.grpo.engines.torch.stops import stops_in
     from slime_gb10.grpo.interfaces import SamplingParams
     from slime_gb10.grpo.rewards import get_reward
 
@@ -135,7 +135,7 @@ def main() -> None:
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     if r.stop or r.stop_regex:
-        # TRL's HF-generate path takes no stop criteria: our engine's stop test (engines/stops.py) on
+        # TRL's HF-generate path takes no stop criteria: our engine's stop test (engines/torch/stops.py) on
         # each row's completion text, as a StoppingCriteria passed to every generate call. HF then pads
         # a stopped row with pad_token_id (<|im_end|> here), which TRL's EOS mask keeps as the
         # completion's last token: one unsampled end token per stopped completion, which ours lacks.

@@ -1,4 +1,4 @@
-"""The grouped-query decode attention kernel (``engines/decode_attention.py``) against its twin, SDPA
+"""The grouped-query decode attention kernel (``engines/torch/decode_attention.py``) against its twin, SDPA
 in float64, on random shapes: query groups of 7 (shape B), 3 and 1, head dims 32/64/128, left-padded
 rows (whole tiles of padding included), cache slices narrower than the buffer (the decode loop's
 buckets), one program per (row, KV head) and slots split among 2-16 programs.
@@ -21,7 +21,7 @@ CASES = textwrap.dedent(
     """
     import json
     import torch
-    from slime_gb10.grpo.engines.decode_attention import launch, reference
+    from slime_gb10.grpo.engines.torch.decode_attention import launch, reference
 
     def compare(device, shapes, dtype):
         gen = torch.Generator().manual_seed(11)
@@ -87,7 +87,7 @@ def test_the_decode_kernel_compiles_and_captures_with_a_dynamic_span():
     marks it) and replayed from a CUDA graph gives what it gives eagerly."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    from slime_gb10.grpo.engines.decode_attention import decode_attention, splits_for
+    from slime_gb10.grpo.engines.torch.decode_attention import decode_attention, splits_for
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(32, 14, 1, 64, device="cuda", generator=gen, dtype=torch.bfloat16)
@@ -119,7 +119,7 @@ STEP_CASES = textwrap.dedent(
     """
     import json
     import torch
-    from slime_gb10.grpo.engines import decode_attention as da
+    from slime_gb10.grpo.engines.torch import decode_attention as da
 
     def rotary(rows, d, gen, dtype):
         positions = torch.randint(0, 500, (rows,), generator=gen).double()
@@ -214,7 +214,7 @@ ENGINE_STEP = textwrap.dedent(
     import json
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
-    from slime_gb10.grpo.engines.static_decoder import StaticDecoder, fuse_projections
+    from slime_gb10.grpo.engines.torch.static_decoder import StaticDecoder, fuse_projections
 
     def decode(device, dtype, fused_step, qkv_splits=1):
         torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""The Triton sampler (``engines/sampling_kernel.py``) against its torch twin (``sample_next_token``
+"""The Triton sampler (``engines/torch/sampling_kernel.py``) against its torch twin (``sample_next_token``
 on a CPU tensor, where the twin runs), token for token and logprob within FP32 rounding.
 
 Random shapes: ragged vocabularies (a partial last block, fewer blocks than a power of two, one
@@ -21,8 +21,8 @@ CASES = textwrap.dedent(
     """
     import json
     import torch
-    from slime_gb10.grpo.engines.sampling import row_uniforms, sample_next_token
-    from slime_gb10.grpo.engines.sampling_kernel import sample_rows
+    from slime_gb10.grpo.engines.torch.sampling import row_uniforms, sample_next_token
+    from slime_gb10.grpo.engines.torch.sampling_kernel import sample_rows
     from slime_gb10.grpo.interfaces import SamplingParams
 
     def compare(device, shapes):
@@ -95,8 +95,8 @@ def test_the_engine_samples_with_the_kernel_on_gpu():
     """``sample_next_token`` on CUDA logits takes the kernel and keeps the distribution."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    from slime_gb10.grpo.engines import sampling_kernel
-    from slime_gb10.grpo.engines.sampling import sample_next_token
+    from slime_gb10.grpo.engines.torch import sampling_kernel
+    from slime_gb10.grpo.engines.torch.sampling import sample_next_token
     from slime_gb10.grpo.interfaces import SamplingParams
 
     probs = torch.tensor([0.1, 0.2, 0.7])

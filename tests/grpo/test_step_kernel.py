@@ -1,4 +1,4 @@
-"""The decode loop's bookkeeping kernel (``engines/step_kernel.py``) against its torch twin, step by
+"""The decode loop's bookkeeping kernel (``engines/torch/step_kernel.py``) against its torch twin, step by
 step over a whole run of random draws: rows finishing on either of two end tokens at different
 steps, finished rows padded, the next step's token, slot, mask and positions written, the slot and
 the position bump changing every step. Everything is integer, so the two must agree exactly.
@@ -20,7 +20,7 @@ CASES = textwrap.dedent(
     """
     import json
     import torch
-    from slime_gb10.grpo.engines import step_kernel
+    from slime_gb10.grpo.engines.torch import step_kernel
 
     def compare(device, rows=13, steps=9, eos=(3, 7), pad=1, width=5):
         gen = torch.Generator().manual_seed(rows)

@@ -14,7 +14,7 @@ import torch
 
 from slime_gb10.grpo.backends.torch_backend import NonFiniteError, TorchPolicyBackend
 from slime_gb10.grpo.batching import Sample, collate, right_padded
-from slime_gb10.grpo.engines.torch_engine import TorchRolloutEngine
+from slime_gb10.grpo.engines.torch.engine import TorchRolloutEngine
 from slime_gb10.grpo.interfaces import SamplingParams, TokenBatch
 from slime_gb10.grpo.models import (
     eos_token_ids,

@@ -11,10 +11,8 @@ import math
 import pytest
 import torch
 
-from slime_gb10.grpo.engines import torch_engine
-from slime_gb10.grpo.engines.sampling import filter_logits, inverse_cdf, row_uniforms, sample_next_token
-from slime_gb10.grpo.engines.static_decoder import StaticDecoder, split_k_linear
-from slime_gb10.grpo.engines.torch_engine import (
+from slime_gb10.grpo.engines.torch import engine as torch_engine
+from slime_gb10.grpo.engines.torch.engine import (
     GRAPH_REPLAY_TOLERANCE,
     TorchRolloutEngine,
     _GraphedStep,
@@ -22,6 +20,8 @@ from slime_gb10.grpo.engines.torch_engine import (
     compile_decode_step,
     graph_replay_error,
 )
+from slime_gb10.grpo.engines.torch.sampling import filter_logits, inverse_cdf, row_uniforms, sample_next_token
+from slime_gb10.grpo.engines.torch.static_decoder import StaticDecoder, split_k_linear
 from slime_gb10.grpo.interfaces import SamplingParams
 from slime_gb10.grpo.models import (
     eos_token_ids,
@@ -479,7 +479,7 @@ def test_sliding_window_models_stay_off_the_full_attention_static_path():
     static cache decoded it with full attention (logprobs off by up to 4.6)."""
     from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    from slime_gb10.grpo.engines.static_decoder import supports_static_decoding
+    from slime_gb10.grpo.engines.torch.static_decoder import supports_static_decoding
 
     small = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
     small |= {"num_attention_heads": 4, "num_key_value_heads": 2}
@@ -586,7 +586,7 @@ def test_fused_projections_decode_like_the_hf_forward_and_follow_weight_sync(tok
     copies into the parameters) changes what the fused GEMMs compute."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from slime_gb10.grpo.engines.static_decoder import FUSED_GATE_UP, FUSED_QKV
+    from slime_gb10.grpo.engines.torch.static_decoder import FUSED_GATE_UP, FUSED_QKV
     from slime_gb10.grpo.weight_sync import WeightStream
 
     config = Qwen2Config(
@@ -649,7 +649,7 @@ def test_a_byte_table_is_used_only_where_it_decodes_as_the_tokenizer(tokenizer):
     caught), and only byte-level decoders (alone or in a sequence) get one."""
     from tokenizers import Tokenizer, decoders, models
 
-    from slime_gb10.grpo.engines import detokenize
+    from slime_gb10.grpo.engines.torch import detokenize
 
     backend = tokenizer.backend_tokenizer
     table = detokenize.ByteLevelTable(backend)
@@ -673,7 +673,7 @@ def test_decoding_a_batch_of_completions_is_decoding_each(tokenizer, monkeypatch
     row on random ids of the whole vocabulary (partial UTF-8 sequences, special tokens skipped, ids
     past the vocabulary dropped), without the Rust call. Without the table (another decoder) the
     batch goes to Rust in one call; a tokenizer that cleans up spaces decodes row by row."""
-    from slime_gb10.grpo.engines import detokenize
+    from slime_gb10.grpo.engines.torch import detokenize
 
     gen = torch.Generator().manual_seed(3)
     rows = torch.randint(0, len(tokenizer), (64, 200), generator=gen).tolist()

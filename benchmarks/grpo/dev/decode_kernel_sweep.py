@@ -1,4 +1,4 @@
-"""The grouped-query decode kernel (``engines/decode_attention.py``) alone, over its launch choices,
+"""The grouped-query decode kernel (``engines/torch/decode_attention.py``) alone, over its launch choices,
 against SDPA as torch picks it, on shape B's decode attention: 160 rows, 14 query / 2 KV heads of 64,
 a bucket of 384 slots (~48 of them left padding). ``--l2 cold`` (the default) times with
 ``triton.testing.do_bench``, which overwrites the L2 cache before every call, as a decode step's other
@@ -16,7 +16,7 @@ import itertools
 import torch
 import triton.testing
 
-from slime_gb10.grpo.engines.decode_attention import launch, reference, splits_for
+from slime_gb10.grpo.engines.torch.decode_attention import launch, reference, splits_for
 
 
 def main() -> None:

@@ -1,9 +1,9 @@
 """Rollout speed with and without each of the engine's decode-step choices, in one process.
 
 Variants, each a fresh engine (compile, capture and one warm-up rollout before the timed one):
-the torch sampler or the Triton kernel (``engines/sampling_kernel.py``), attention over the whole
+the torch sampler or the Triton kernel (``engines/torch/sampling_kernel.py``), attention over the whole
 static cache or over buckets of the written slots (``torch_engine.ATTENTION_BUCKET``), SDPA or the
-grouped-query decode kernel (``engines/decode_attention.py``), the rotary embedding and cache writes
+grouped-query decode kernel (``engines/torch/decode_attention.py``), the rotary embedding and cache writes
 as their own ops or inside that kernel (``decode_step``), the narrow projections as one GEMM or
 over slices of K (``static_decoder.split_k_linear``); by default only the last choice, the rest
 with ROLLOUT_VARIANTS_SLOW=1, which also adds
@@ -30,7 +30,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/grpo: profile_rollout
 from profile_rollout import new_engine, rollout_setup, timed_generate
 
-from slime_gb10.grpo.engines import decode_attention, sampling_kernel, static_decoder, torch_engine
+from slime_gb10.grpo.engines.torch import decode_attention, sampling_kernel, static_decoder
+from slime_gb10.grpo.engines.torch import engine as torch_engine
 
 WHOLE_CACHE = 1 << 30  # a bucket longer than any cache: attention over the whole buffer
 SDPA = static_decoder.StaticDecoder.attend

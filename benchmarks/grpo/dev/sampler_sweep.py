@@ -1,4 +1,4 @@
-"""The sampler kernel (``engines/sampling_kernel.py``) over its launch choices: tokens per block and
+"""The sampler kernel (``engines/torch/sampling_kernel.py``) over its launch choices: tokens per block and
 warps, on shape B's logits (160 rows x 49,152, BF16), µs per call (CUDA graph of 50 calls), and
 whether each choice picks the same tokens as the default.
 
@@ -11,8 +11,8 @@ import argparse
 
 import torch
 
-from slime_gb10.grpo.engines import sampling_kernel
-from slime_gb10.grpo.engines.sampling import row_uniforms
+from slime_gb10.grpo.engines.torch import sampling_kernel
+from slime_gb10.grpo.engines.torch.sampling import row_uniforms
 
 
 def run(logits, uniforms, block: int, warps: int):

@@ -242,7 +242,7 @@ def train_command(config_file, sets, data_path, verbose, resume_dir, overwrite, 
     _setup_logging(verbose)
     _apply_runtime_fixes()
     from slime_gb10.grpo.interrupts import signal_name, signal_of, stop_on_signals
-    from slime_gb10.grpo.metrics import run_summary
+    from slime_gb10.grpo.plot import run_summary
     from slime_gb10.grpo.trainer import GRPOTrainer, TrainingInterrupted
 
     trainer = GRPOTrainer(config)

@@ -1,7 +1,7 @@
 """The two seams of the trainer: a rollout engine and a policy backend.
 
 The GRPO loop (``slime_gb10.grpo.trainer``) talks to nothing else. The portable
-implementations are PyTorch + ``transformers`` (``engines/torch_engine.py``,
+implementations are PyTorch + ``transformers`` (``engines/torch/engine.py``,
 ``backends/torch_backend.py``); on a GB10 the production ones are SGLang
 (``engines/sglang_engine.py``) and Megatron-core + TransformerEngine
 (``backends/megatron/``).
@@ -60,7 +60,7 @@ class SamplingParams:
 
     def truncates(self, vocab: int) -> bool:
         """Whether top-k or top-p removes tokens from a ``vocab``-token distribution (what
-        ``engines.sampling.filter_logits`` then does); the samplers dispatch on it."""
+        ``engines.torch.sampling.filter_logits`` then does); the samplers dispatch on it."""
         return (self.top_k is not None and 0 < self.top_k < vocab) or self.top_p < 1.0
 
 

@@ -6,7 +6,7 @@ On a DGX Spark (GB10) CPU and GPU share 128 GB of LPDDR5x; NVML reports no memor
 model's Hugging Face config, estimates the run's peak (:func:`estimate`) and refuses a run that
 would not fit (:class:`MemoryPlanError`, one line naming the settings to change), or logs the plan.
 
-The estimate mirrors what the PyTorch pair allocates (``torch_backend.py``, ``torch_engine.py``), per rank::
+The estimate mirrors what the PyTorch pair allocates (``backends/torch_backend.py``, ``engines/torch/engine.py``), per rank::
 
     peak = resident + max(training step, rollout)
     resident      = trainer weights + AdamW states (+ reference model)
@@ -318,7 +318,7 @@ def estimate(
     rows = prompts * roll.group_size
     width = min(prompt_tokens or roll.max_prompt_tokens, roll.max_prompt_tokens)
     eval_new = config.eval.max_new_tokens or roll.max_new_tokens
-    from slime_gb10.grpo.engines.static_decoder import STATIC_ARCHITECTURES
+    from slime_gb10.grpo.engines.torch.static_decoder import STATIC_ARCHITECTURES
 
     # as TorchRolloutEngine.__init__: "auto" is the static cache on a GPU where StaticDecoder runs
     static_ok = s.model_type in STATIC_ARCHITECTURES and not s.sliding_window

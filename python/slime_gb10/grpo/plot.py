@@ -1,4 +1,5 @@
-"""``slime-gb10 plot RUN_DIR``: the curves of a run's ``metrics.jsonl`` as one PNG."""
+"""A finished run, shown: ``slime-gb10 plot RUN_DIR`` (the curves of its ``metrics.jsonl`` as one PNG) and
+the closing lines of ``slime-gb10 train`` (:func:`run_summary`)."""
 
 from __future__ import annotations
 
@@ -102,3 +103,30 @@ def plot_run(run_dir: str | Path, out_file: str | Path | None = None) -> Path:
         fig.savefig(fh, format="png", dpi=100)
     plt.close(fig)
     return out
+
+
+def run_summary(history: list[dict], run_dir: Path) -> str:
+    """The closing lines of ``slime-gb10 train``: reward and held-out pass@1 first -> last (from
+    ``metrics.jsonl``, which holds a resumed run's earlier evals too), ``curves.png``, the outputs."""
+    if not history:
+        return f"nothing to do: the run in {run_dir} is already at train.steps (raise --steps to go on)"
+    n = min(3, len(history))
+    first = sum(r["reward_mean"] for r in history[:n]) / n
+    last = sum(r["reward_mean"] for r in history[-n:]) / n
+    lines = [
+        f"done: {len(history)} steps; mean reward of the first {n} steps {first:.3f} -> last {n} {last:.3f}"
+    ]
+    evals = [r for r in read_jsonl(run_dir / METRICS_FILE) if "eval/pass@1" in r]
+    if len(evals) >= 2:
+        a, b = evals[0], evals[-1]
+        count = int(b.get("eval/num_prompts", 0))
+        lines.append(
+            f"held-out pass@1 (greedy, {count} prompts): step {a['step']} {a['eval/pass@1']:.3f} -> "
+            f"step {b['step']} {b['eval/pass@1']:.3f}"
+        )
+    try:
+        lines.append(f"curves: {plot_run(run_dir)}")
+    except PlotError as exc:
+        lines.append(f"curves: not drawn ({exc})")
+    lines.append(f"outputs in {run_dir}")
+    return "\n".join(lines)

@@ -22,7 +22,7 @@ from slime_gb10.utils.errors import UserError
 log = logging.getLogger(__name__)
 
 ENGINE_MODULES = {
-    "torch": "slime_gb10.grpo.engines.torch_engine",
+    "torch": "slime_gb10.grpo.engines.torch.engine",
     "sglang": "slime_gb10.grpo.engines.sglang_engine",
 }
 BACKEND_MODULES = {

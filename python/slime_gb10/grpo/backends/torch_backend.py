@@ -362,7 +362,7 @@ class TorchPolicyBackend(PolicyBackend):
 
 def build_backend(config, tokenizer, device) -> TorchPolicyBackend:
     """Registry entry point: FP32 master weights, BF16 autocast on a GPU unless precision is float32."""
-    from slime_gb10.grpo.engines.torch_engine import engine_dtype
+    from slime_gb10.grpo.engines.torch.engine import engine_dtype
     from slime_gb10.grpo.models import load_causal_lm, resolve_model_path
 
     device = torch.device(device)

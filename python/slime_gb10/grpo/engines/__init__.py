@@ -1,6 +1,6 @@
-"""Rollout engines: ``torch_engine`` (portable reference), ``sglang_engine`` (GB10 production).
+"""Rollout engines: ``torch`` (the portable PyTorch engine and its kernels), ``sglang_engine`` (GB10 production).
 
-The torch engine's GPU kernels (``sampling_kernel``, ``decode_attention``, ``step_kernel``) are
+The torch engine's GPU kernels (``torch.sampling_kernel``, ``torch.decode_attention``, ``torch.step_kernel``) are
 Triton's, imported lazily: the package and its CPU path work without Triton.
 """
 

@@ -249,7 +249,7 @@ def build_backend(config, tokenizer, device) -> MegatronPolicyBackend:
     path = resolve_model_path(config.model.name_or_path)
     hf_model = load_causal_lm(path, dtype=torch.float32, trust_remote_code=config.model.trust_remote_code)
     try:
-        from slime_gb10.grpo.engines.torch_engine import engine_dtype
+        from slime_gb10.grpo.engines.torch.engine import engine_dtype
 
         transfer_dtype = engine_dtype(config, device)
     except ImportError:

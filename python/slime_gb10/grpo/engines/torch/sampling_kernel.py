@@ -1,6 +1,6 @@
-"""The sampler of :mod:`slime_gb10.grpo.engines.sampling` as one Triton kernel (one program per row).
+"""The sampler of :mod:`slime_gb10.grpo.engines.torch.sampling` as one Triton kernel (one program per row).
 
-Its pure-torch twin is :func:`~slime_gb10.grpo.engines.sampling.sample_next_token` without
+Its pure-torch twin is :func:`~slime_gb10.grpo.engines.torch.sampling.sample_next_token` without
 top-k/top-p: ``logsumexp`` of ``logits / T``, ``probs = exp(logits / T - lse)`` (FP32), the CDF
 accumulated in float64 in two levels (block masses, then one block), the token whose interval holds
 ``u * total``, never a token of probability 0, and its logprob ``logits[token] / T - lse``. The twin

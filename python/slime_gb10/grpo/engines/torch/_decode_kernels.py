@@ -1,4 +1,4 @@
-"""The Triton kernels of :mod:`~slime_gb10.grpo.engines.decode_attention` (imported on first use, so
+"""The Triton kernels of :mod:`~slime_gb10.grpo.engines.torch.decode_attention` (imported on first use, so
 the engine's CPU path needs no Triton): ``attend_split`` attends one new query per row over a KV
 cache, ``merge_splits`` merges the partial results of a row's programs; ``projected`` reads the
 fused q/k/v projection, or sums its partial products. Their twins and launch code are in

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from slime_gb10.grpo.engines import sampling_kernel
+from slime_gb10.grpo.engines.torch import sampling_kernel
 from slime_gb10.grpo.interfaces import SamplingParams
 
 
@@ -101,7 +101,7 @@ def sample_next_token(
     Sampling inverts each row's CDF (:func:`inverse_cdf`, float64) at :func:`row_uniforms` of its
     key ``keys[row]`` and ``step`` (or at ``uniforms`` ``[B]``, those draws computed ahead): an exact
     categorical sample, reproducible per row. On a GPU without top-k/top-p, one Triton kernel does
-    the same (:mod:`~slime_gb10.grpo.engines.sampling_kernel`). Greedy (``T == 0``) takes the argmax and reports the
+    the same (:mod:`~slime_gb10.grpo.engines.torch.sampling_kernel`). Greedy (``T == 0``) takes the argmax and reports the
     logprob under ``softmax(logits)``.
     """
     if params.greedy:

@@ -59,7 +59,7 @@ def available(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: in
 @functools.cache
 def _kernels():
     """Import the Triton kernels on first use (``_decode_kernels.py``)."""
-    from slime_gb10.grpo.engines import _decode_kernels as k
+    from slime_gb10.grpo.engines.torch import _decode_kernels as k
 
     return k.attend_split, k.merge_splits
 

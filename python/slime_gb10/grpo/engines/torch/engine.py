@@ -9,14 +9,14 @@ logprob under ``softmax(logits / T)`` on the fly, so no ``[steps, batch, vocab]`
 kept, and (4) stops as soon as every row has finished.
 
 For the common decoder-only architectures (Llama, Qwen2, Qwen3, Mistral without sliding window)
-there is a second path, :class:`~slime_gb10.grpo.engines.static_decoder.StaticDecoder`: the same modules (norms, projections, MLPs,
+there is a second path, :class:`~slime_gb10.grpo.engines.torch.static_decoder.StaticDecoder`: the same modules (norms, projections, MLPs,
 rotary embedding) driven by a small forward of ours over a preallocated KV cache with static
 shapes, so that one decode step can be captured as a CUDA graph and replayed (kernel-launch
 overhead dominates decoding of small models: ~30 layers x ~30 kernels per token), compiled by
 ``torch.compile`` first where that pays. A step attends over the cache slots written so far, rounded
 up to a bucket (:func:`attention_length`; a graph per bucket), on a GPU through the grouped-query
-kernel of :mod:`~slime_gb10.grpo.engines.decode_attention`. Prefill and sampling
-(:mod:`~slime_gb10.grpo.engines.sampling`, one Triton kernel on a GPU) run outside the graphs.
+kernel of :mod:`~slime_gb10.grpo.engines.torch.decode_attention`. Prefill and sampling
+(:mod:`~slime_gb10.grpo.engines.torch.sampling`, one Triton kernel on a GPU) run outside the graphs.
 Other architectures use the HF forward with a dynamic cache.
 
 The engine holds its own copy of the weights (BF16 on a GPU), refreshed from the trainer through
@@ -30,10 +30,14 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from slime_gb10.grpo.engines import step_kernel, stops
-from slime_gb10.grpo.engines.detokenize import decode_texts
-from slime_gb10.grpo.engines.sampling import row_uniforms, sample_next_token
-from slime_gb10.grpo.engines.static_decoder import StaticDecoder, fuse_projections, supports_static_decoding
+from slime_gb10.grpo.engines.torch import step_kernel, stops
+from slime_gb10.grpo.engines.torch.detokenize import decode_texts
+from slime_gb10.grpo.engines.torch.sampling import row_uniforms, sample_next_token
+from slime_gb10.grpo.engines.torch.static_decoder import (
+    StaticDecoder,
+    fuse_projections,
+    supports_static_decoding,
+)
 from slime_gb10.grpo.interfaces import Generation, RolloutEngine, SamplingParams
 
 log = logging.getLogger(__name__)

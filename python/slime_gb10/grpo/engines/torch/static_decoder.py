@@ -2,16 +2,16 @@
 
 :class:`StaticDecoder` drives the HF model's own modules (norms, projections, MLPs, rotary
 embedding) with shape-static ops and no host syncs, so a one-token step can be compiled and captured
-as a CUDA graph (:mod:`~slime_gb10.grpo.engines.torch_engine` does both); :func:`fuse_projections`
+as a CUDA graph (:mod:`~slime_gb10.grpo.engines.torch.engine` does both); :func:`fuse_projections`
 puts each layer's q/k/v and gate/up weights in one matrix each. On a GPU a one-token step attends
-through :mod:`~slime_gb10.grpo.engines.decode_attention`'s kernels.
+through :mod:`~slime_gb10.grpo.engines.torch.decode_attention`'s kernels.
 """
 
 from __future__ import annotations
 
 import torch
 
-from slime_gb10.grpo.engines import decode_attention
+from slime_gb10.grpo.engines.torch import decode_attention
 
 STATIC_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
 
