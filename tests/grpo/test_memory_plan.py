@@ -61,6 +61,10 @@ def test_tiny_llama_by_hand():
     assert "overhead" not in plan.parts
     fp32 = mp.estimate(config(**{"model.precision": "float32"}), llama(), device="cuda")
     assert fp32.parts["rollout weights"] == 4 * by_hand and "BF16 weight casts" not in fp32.parts
+    # NVFP4 rollouts keep the last sync's codes and scales: 9/16 byte per decoder linear weight
+    linear = LAYERS * (H * H + 2 * H * (KV_HEADS * HEAD_DIM) + H * H + 3 * H * MLP)
+    nvfp4 = mp.estimate(config(**{"rollout.weights": "nvfp4"}), llama(), device="cuda")
+    assert nvfp4.parts["NVFP4 sync codes"] == linear * 9 // 16 and "NVFP4 sync codes" not in gpu.parts
 
 
 @pytest.mark.parametrize(

@@ -100,7 +100,9 @@ def _mismatch(tiny_dir, out, **settings) -> tuple[float, list[dict]]:
 def test_nvfp4_rollouts_differ_from_a_bf16_trainer_and_not_from_a_qat_one(tiny_dir, tmp_path, monkeypatch):
     monkeypatch.setitem(rewards.REWARDS, "contains_e", lambda completion, truth: float("e" in completion))
     plain, _ = _mismatch(tiny_dir, tmp_path / "a")
-    nvfp4, history = _mismatch(tiny_dir, tmp_path / "b", **{"rollout.weights": "nvfp4"})
+    nvfp4, history = _mismatch(
+        tiny_dir, tmp_path / "b", **{"rollout.weights": "nvfp4", "train.quantization": "none"}
+    )
     same, _ = _mismatch(
         tiny_dir, tmp_path / "c", **{"rollout.weights": "nvfp4", "train.quantization": "nvfp4-qat"}
     )
@@ -109,6 +111,27 @@ def test_nvfp4_rollouts_differ_from_a_bf16_trainer_and_not_from_a_qat_one(tiny_d
     assert {"mismatch_k1", "mismatch_exp_abs", "mismatch_exp_abs_median", "mis_masked_frac"} <= set(
         history[-1]
     )
+    # every step's sync is compared with the previous one; step 1's groups all scored alike (zero
+    # advantages: the weights did not move), step 2 moved some codes
+    shares = [row["train/nvfp4_codes_changed"] for row in history]
+    assert all(0 <= x < 1 for x in shares) and shares[-1] > 0, shares
+
+
+def test_the_share_of_changed_codes_is_counted_per_nibble_and_per_scale():
+    """Two codes per byte (low and high nibble), each counted once; block scales compared as bytes.
+    Hand-made syncs: 3 of 8 codes and 1 of 2 scales differ the second time, none the third."""
+    from slime_gb10.grpo.quantized import CodeChanges
+
+    e4m3 = torch.float8_e4m3fn
+    first = torch.tensor([0x00, 0x21, 0xFF, 0x10], dtype=torch.uint8)
+    second = torch.tensor([0x01, 0x21, 0xF0, 0x00], dtype=torch.uint8)  # low; none; low; high
+    changes = CodeChanges()
+    changes.observe("w", first, torch.tensor([1.0, 2.0]).to(e4m3))
+    assert changes.take() == {}  # nothing to compare with yet
+    changes.observe("w", second, torch.tensor([1.0, 4.0]).to(e4m3))
+    assert changes.take() == {"nvfp4_codes_changed": 3 / 8, "nvfp4_scales_changed": 1 / 2}
+    changes.observe("w", second.clone(), torch.tensor([1.0, 4.0]).to(e4m3))
+    assert changes.take() == {"nvfp4_codes_changed": 0.0, "nvfp4_scales_changed": 0.0}
 
 
 def test_nvfp4_rollouts_train_through_qat_unless_told_otherwise():

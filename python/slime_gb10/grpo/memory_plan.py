@@ -147,6 +147,14 @@ def rollout_weight_bytes(params: int, value_bytes: int) -> int:
     return params * value_bytes
 
 
+def nvfp4_sync_bytes(s: Shapes) -> int:
+    """``rollout.weights: nvfp4``: the last sync's codes and block scales, kept to count what the
+    next sync changes (``quantized.CodeChanges``): 9/16 byte per weight of the decoder's linear
+    layers, ``layers x (2 h (heads + kv_heads) head_dim + 3 h i)`` weights."""
+    per_layer = 2 * s.hidden * (s.heads + s.kv_heads) * s.head_dim + 3 * s.hidden * s.intermediate
+    return s.layers * per_layer * 9 // 16
+
+
 def kv_cache_bytes(s: Shapes, rows: int, tokens: int, value_bytes: int) -> int:
     """``2 (K and V) x layers x kv_heads x head_dim x value_bytes x tokens x rows``."""
     return 2 * s.layers * s.kv_dim * value_bytes * tokens * rows
@@ -364,6 +372,7 @@ def estimate(
         "AdamW states": adamw_bytes(n),
         "reference model": reference_bytes(n, trainer) if with_reference else 0,
         "rollout weights": rollout_weight_bytes(n, engine_bytes),
+        "NVFP4 sync codes": nvfp4_sync_bytes(s) if roll.weights == "nvfp4" else 0,
         "KV cache": static_kv,
         "overhead": CUDA_OVERHEAD_BYTES if gpu else 0,
     }

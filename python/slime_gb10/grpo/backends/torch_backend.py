@@ -157,6 +157,11 @@ class TorchPolicyBackend(PolicyBackend):
         # issue #39: the rollout's weights as NVFP4 at each sync; NVFP4 QAT (before the optimizer
         # sees the parameters: the layers are replaced in place)
         self.rollout_weights = rollout_weights
+        self._code_changes = None  # quantized.CodeChanges of the NVFP4 syncs (rollout.weights=nvfp4)
+        if rollout_weights == "nvfp4":
+            from slime_gb10.grpo.quantized import CodeChanges
+
+            self._code_changes = CodeChanges()
         self.quantization = quantization
         if quantization == "nvfp4-qat":
             from slime_gb10.grpo.quantized import apply_qat
@@ -193,7 +198,10 @@ class TorchPolicyBackend(PolicyBackend):
         )
 
     def stats(self) -> dict[str, float]:
-        return {"compiled": float(self.compiled)}
+        """This step's backend facts: compiled layers, and under NVFP4 rollouts the share of codes
+        and scales the last sync changed (read once per step: the counts reset)."""
+        changes = self._code_changes.take() if self._code_changes is not None else {}
+        return {"compiled": float(self.compiled), **changes}
 
     def _head_backend(self) -> str | None:
         """The compile backend of the chunked LM-head arithmetic: the layers' while they run compiled
@@ -299,7 +307,7 @@ class TorchPolicyBackend(PolicyBackend):
             if self.rollout_weights == "nvfp4":
                 from slime_gb10.grpo.quantized import rollout_weights
 
-                named = rollout_weights(self.model, named, self.transfer_dtype)
+                named = rollout_weights(self.model, named, self.transfer_dtype, self._code_changes)
             yield from named
 
         return WeightStream(named_tensors, bucket_bytes=bucket_bytes, transfer_dtype=self.transfer_dtype)
