@@ -117,6 +117,54 @@ def test_nvfp4_rollouts_differ_from_a_bf16_trainer_and_not_from_a_qat_one(tiny_d
     assert all(0 <= x < 1 for x in shares) and shares[-1] > 0, shares
 
 
+@pytest.mark.gpu
+def test_on_a_gpu_the_sync_quantizes_exactly_and_never_waits_for_the_gpu(tiny_dir):
+    """The NVFP4 sync on CUDA (Triton) gives the reference quantizer's weights bit for bit (CPU),
+    and neither it nor the change count syncs with the host (torch's sync debug mode raises on any
+    synchronizing call): before, each weight's scale check waited for the GPU."""
+    from slime_gb10.grpo.quantized import CodeChanges
+
+    cpu = load_causal_lm(tiny_dir, dtype=torch.float32)
+    expected = dict(
+        rollout_weights(cpu, ((n, p.detach()) for n, p in cpu.named_parameters()), torch.bfloat16)
+    )
+    model = load_causal_lm(tiny_dir, dtype=torch.float32).cuda()
+    params = [(n, p.detach()) for n, p in model.named_parameters()]
+    dict(rollout_weights(model, params, torch.bfloat16))  # compiles the Triton kernels (that may sync)
+    changes = CodeChanges()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = dict(rollout_weights(model, params, torch.bfloat16, changes))
+        dict(rollout_weights(model, params, torch.bfloat16, changes))
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert got.keys() == expected.keys()
+    for name, tensor in got.items():
+        assert torch.equal(tensor.cpu(), expected[name]), name
+    assert changes.take() == {"nvfp4_codes_changed": 0.0, "nvfp4_scales_changed": 0.0}
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_qat_layer_trains_without_waiting_for_the_gpu():
+    """QAT's forward and backward on CUDA never sync with the host (it did once per layer and
+    forward: the quantizer's NaN/Inf check of the global scale)."""
+    from torch import nn
+
+    from slime_gb10.nvfp4.linear import NVFP4Linear
+
+    layer = NVFP4Linear.from_linear(nn.Linear(64, 32), backend="qat").cuda()
+    x = torch.randn(8, 64, device="cuda")
+    layer(x).square().sum().backward()  # compiles the Triton kernels (that may sync)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        layer(x).square().sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert layer.weight.grad is not None
+
+
 def test_the_share_of_changed_codes_is_counted_per_nibble_and_per_scale():
     """Two codes per byte (low and high nibble), each counted once; block scales compared as bytes.
     Hand-made syncs: 3 of 8 codes and 1 of 2 scales differ the second time, none the third."""

@@ -66,7 +66,8 @@ class CodeChanges:
 
     def __init__(self) -> None:
         self._last: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._counts: list[torch.Tensor] = []  # [codes changed, codes, scales changed, scales]
+        self._changed: list[torch.Tensor] = []  # [codes changed, scales changed] of each weight
+        self._totals = [0, 0]  # codes, scales compared
 
     def observe(self, name: str, data: torch.Tensor, scale: torch.Tensor) -> None:
         """One quantized weight of this sync: ``data`` its packed codes (two per byte), ``scale``
@@ -77,20 +78,19 @@ class CodeChanges:
             flipped = last[0] ^ data
             codes = (flipped & 0x0F).ne(0).sum() + (flipped >> 4).ne(0).sum()
             scales = last[1].ne(scale).sum()
-            counts = torch.stack(
-                [codes, codes.new_tensor(2 * data.numel()), scales, codes.new_tensor(scale.numel())]
-            )
-            self._counts.append(counts)
+            self._changed.append(torch.stack([codes, scales]))  # stays on the device
+            self._totals[0] += 2 * data.numel()  # counted on the host: no copy, no sync
+            self._totals[1] += scale.numel()
         self._last[name] = (data, scale)
 
     def take(self) -> dict[str, float]:
         """``{"nvfp4_codes_changed", "nvfp4_scales_changed"}`` since the previous sync (shares; one
         host sync), then reset; empty before a second sync."""
-        if not self._counts:
+        if not self._changed:
             return {}
-        changed, codes, scales_changed, scales = torch.stack(self._counts).sum(0).tolist()
-        self._counts = []
-        return {"nvfp4_codes_changed": changed / codes, "nvfp4_scales_changed": scales_changed / scales}
+        codes_changed, scales_changed = torch.stack(self._changed).sum(0).tolist()
+        (codes, scales), self._changed, self._totals = self._totals, [], [0, 0]
+        return {"nvfp4_codes_changed": codes_changed / codes, "nvfp4_scales_changed": scales_changed / scales}
 
 
 def rollout_weights(
@@ -108,7 +108,7 @@ def rollout_weights(
     picks other block scales for some blocks: measured on an H100, a QAT run's KL(rollout ||
     trainer) was 0.013 that way, against 0.0009 for plain BF16 rollouts. ``changes`` counts the
     codes and scales that moved since the previous sync."""
-    from slime_gb10.nvfp4.ops import dequantize, quantize
+    from slime_gb10.nvfp4.ops import dequantize, own_global_scale, quantize
 
     scales = _global_scales(model)
     with torch.no_grad():
@@ -117,7 +117,10 @@ def rollout_weights(
             if scale is _KEEP:
                 yield name, tensor
             else:
-                q = quantize(tensor, scale)
+                # the scale on the device and no NaN/Inf check: no host sync per weight (a
+                # non-finite weight shows in the loss first)
+                gs = own_global_scale(tensor) if scale is None else scale
+                q = quantize(tensor, gs, check_finite=False)
                 if changes is not None:
                     changes.observe(name, q.data, q.scale)
                 yield name, dequantize(q, dtype=tensor.dtype).to(dtype)

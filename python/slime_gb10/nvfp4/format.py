@@ -145,7 +145,9 @@ def global_scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
     amax = amax.to(torch.float32)
     # a tensor divisor: a correctly rounded division on every device (CUDA turns division by a
     # Python scalar into multiplication by its reciprocal, which can differ in the last bit)
-    gs = amax / torch.tensor(GLOBAL_SCALE_DIVISOR, dtype=torch.float32, device=amax.device)
+    # (torch.full, not torch.tensor: a fill on the device rather than a copy from the host, which
+    # would wait for the GPU)
+    gs = amax / torch.full((), GLOBAL_SCALE_DIVISOR, dtype=torch.float32, device=amax.device)
     return torch.where(gs > 0, gs, torch.ones_like(gs)).reshape(())
 
 

@@ -10,10 +10,18 @@ from __future__ import annotations
 import torch
 
 from slime_gb10.nvfp4 import kernels
-from slime_gb10.nvfp4.format import NVFP4Tensor, check_quantizable, dequantize_reference, quantize_reference
+from slime_gb10.nvfp4.format import (
+    NVFP4Tensor,
+    check_quantizable,
+    dequantize_reference,
+    global_scale_from_amax,
+    quantize_reference,
+)
 
 
-def quantize(x: torch.Tensor, global_scale: float | torch.Tensor | None = None) -> NVFP4Tensor:
+def quantize(
+    x: torch.Tensor, global_scale: float | torch.Tensor | None = None, *, check_finite: bool = True
+) -> NVFP4Tensor:
     """Quantize ``x`` (last dimension a multiple of 16) to NVFP4.
 
     On a CUDA tensor with Triton installed this runs the Triton kernel (bit-identical to
@@ -21,11 +29,19 @@ def quantize(x: torch.Tensor, global_scale: float | torch.Tensor | None = None) 
     defaults to ``amax / (6 * 448)``; a given one must be finite and > 0 (values beyond it saturate).
 
     Raises ``ValueError`` for a non-float dtype, a last dimension not a multiple of 16, or NaN/Inf.
+    ``check_finite=False`` with a CUDA ``global_scale`` tensor costs no host sync (no NaN/Inf check:
+    such blocks get NaN scales), for the training loop, where a non-finite weight shows in the loss.
     """
     check_quantizable(x)
     if x.is_cuda and x.numel() and kernels.triton_available():
-        return kernels.quantize_triton(x, global_scale)
+        return kernels.quantize_triton(x, global_scale, check_finite=check_finite)
     return quantize_reference(x, global_scale)
+
+
+def own_global_scale(x: torch.Tensor) -> torch.Tensor:
+    """``amax(|x|) / (6 * 448)`` as a device scalar (what ``global_scale=None`` computes, without
+    the host sync of its NaN/Inf check)."""
+    return global_scale_from_amax(x.detach().abs().amax())
 
 
 def dequantize(q: NVFP4Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
