@@ -165,6 +165,34 @@ def test_on_a_gpu_a_qat_layer_trains_without_waiting_for_the_gpu():
     assert layer.weight.grad is not None
 
 
+def test_a_sync_counts_the_codes_it_changed_once(tiny_dir, tokenizer):
+    """Through the backend's weight stream (its planning pass computes nothing): one layer's weight
+    changed between two syncs; the share of changed codes is that layer's changed codes, counted
+    with the reference quantizer by hand, over all the quantized weights' codes."""
+    from slime_gb10.grpo.backends.torch_backend import TorchPolicyBackend
+    from slime_gb10.grpo.config import TrainConfig
+
+    model = load_causal_lm(tiny_dir, dtype=torch.float32)
+    backend = TorchPolicyBackend(model, tokenizer, "cpu", train=TrainConfig(), rollout_weights="nvfp4")
+    list(backend.export_weights(1 << 20))  # the first sync: nothing to compare with
+    assert "nvfp4_codes_changed" not in backend.stats()
+    params = dict(model.named_parameters())
+    name = "model.layers.0.self_attn.o_proj.weight"  # in no fused group: its own global scale
+    before = quantize_reference(params[name].detach().clone()).data
+    with torch.no_grad():
+        params[name][:3].mul_(-1.7)
+    after = quantize_reference(params[name].detach()).data
+    flipped = before ^ after
+    changed = int((flipped & 0x0F).ne(0).sum() + (flipped >> 4).ne(0).sum())
+    total = sum(
+        p.numel() for n, p in params.items() if n.startswith("model.layers.") and n.endswith("_proj.weight")
+    )
+    list(backend.export_weights(1 << 20))
+    stats = backend.stats()
+    assert changed > 0 and stats["nvfp4_codes_changed"] == changed / total, (stats, changed, total)
+    assert backend.stats().keys() == {"compiled"}  # read once: the counts start over
+
+
 def test_the_share_of_changed_codes_is_counted_per_nibble_and_per_scale():
     """Two codes per byte (low and high nibble), each counted once; block scales compared as bytes.
     Hand-made syncs: 3 of 8 codes and 1 of 2 scales differ the second time, none the third."""

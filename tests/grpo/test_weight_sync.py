@@ -462,3 +462,25 @@ def test_sglang_expects_the_checkpoint_tensors(tmp_path, tokenizer):
     shapes = checkpoint_tensor_shapes(path)
     assert shapes == {n: tuple(p.shape) for n, p in model.named_parameters()}
     assert checkpoint_tensor_shapes(tmp_path / "nothing") is None
+
+
+def test_a_metadata_pass_of_meta_tensors_plans_the_same_buckets_and_is_held_to_them():
+    """``metadata_fn`` (names, shapes and dtypes only, e.g. ``meta`` tensors) plans the buckets; the
+    payload pass is checked against that plan, so a describer that lies fails the sync."""
+    tensors = {f"w{i}": torch.randn(4, 8) for i in range(5)}
+    honest = WeightStream(
+        lambda: tensors.items(),
+        bucket_bytes=200,
+        metadata_fn=lambda: (
+            (n, torch.empty(t.shape, dtype=t.dtype, device="meta")) for n, t in tensors.items()
+        ),
+    )
+    plain = WeightStream(lambda: tensors.items(), bucket_bytes=200)
+    assert honest.metadata == plain.metadata and len(list(honest)) == len(plain.metadata)
+    lying = WeightStream(
+        lambda: tensors.items(),
+        bucket_bytes=200,
+        metadata_fn=lambda: ((n, torch.empty(8, 4, device="meta")) for n in tensors),
+    )
+    with pytest.raises(WeightSyncError, match="changed between the metadata pass and the payload pass"):
+        list(lying)

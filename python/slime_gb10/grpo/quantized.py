@@ -39,11 +39,14 @@ def is_qat(model: nn.Module) -> bool:
     return any(layer.backend == "qat" for _, layer in nvfp4_layers(model))
 
 
-def _global_scales(model: nn.Module) -> dict[str, torch.Tensor | None]:
+def _global_scales(model: nn.Module, *, names_only: bool = False) -> dict[str, torch.Tensor | None]:
     """Parameter name of each weight to quantize -> its global scale (None: the weight's own amax),
-    from the master weights, as a QAT forward computes them."""
+    from the master weights, as a QAT forward computes them (``names_only``: all None)."""
     from slime_gb10.nvfp4.linear import fused_groups, nvfp4_layers, select_linear, shared_global_scale
 
+    if names_only:
+        layers = [name for name, _ in nvfp4_layers(model)] if is_qat(model) else list(select_linear(model))
+        return dict.fromkeys((f"{name}.weight" for name in layers), None)
     if is_qat(model):  # exactly what each layer's forward computes
         return {
             f"{name}.weight": layer.fused_global_scale(layer.weight.dtype)
@@ -98,6 +101,8 @@ def rollout_weights(
     named_tensors: Iterable[tuple[str, torch.Tensor]],
     dtype: torch.dtype,
     changes: CodeChanges | None = None,
+    *,
+    metadata_only: bool = False,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """``named_tensors`` (the model's parameters by name) with each selected layer's weight replaced
     by its NVFP4 round trip, cast to ``dtype``; every other tensor as it is.
@@ -107,9 +112,17 @@ def rollout_weights(
     casts the dequantized weight to BF16 for the matmul). Quantizing the BF16-cast weight instead
     picks other block scales for some blocks: measured on an H100, a QAT run's KL(rollout ||
     trainer) was 0.013 that way, against 0.0009 for plain BF16 rollouts. ``changes`` counts the
-    codes and scales that moved since the previous sync."""
+    codes and scales that moved since the previous sync. ``metadata_only``: the same names, shapes
+    and dtypes with nothing computed (the quantized weights as ``meta`` tensors), for the weight
+    stream's first pass, which plans the buckets (quantizing there too cost a second round trip
+    of every weight per sync, and counted each sync's codes twice)."""
     from slime_gb10.nvfp4.ops import dequantize, own_global_scale, quantize
 
+    if metadata_only:
+        quantized = _global_scales(model, names_only=True)
+        for name, tensor in named_tensors:
+            yield name, torch.empty(tensor.shape, dtype=dtype, device="meta") if name in quantized else tensor
+        return
     scales = _global_scales(model)
     with torch.no_grad():
         for name, tensor in named_tensors:

@@ -275,6 +275,7 @@ class WeightStream:
         transfer_dtype: torch.dtype | None = torch.bfloat16,
         keep_fp32: Sequence[str] = DEFAULT_KEEP_FP32,
         alignment: int = 256,
+        metadata_fn: Callable[[], Iterable[tuple[str, torch.Tensor]]] | None = None,
     ) -> None:
         self._named_tensors_fn = named_tensors_fn
         self._plan_kwargs = {
@@ -284,8 +285,11 @@ class WeightStream:
             "alignment": alignment,
         }
         # First run: keep only the metadata; each bucket's tensors are dropped as we go.
+        # ``metadata_fn``: the same names, shapes and dtypes without computing the values (tensors
+        # derived at sync time, e.g. NVFP4 round trips, may be ``meta`` tensors there); the payload
+        # pass is checked against it bucket by bucket all the same.
         self.metadata: list[BucketMeta] = [
-            meta for meta, _ in plan_chunks(named_tensors_fn(), **self._plan_kwargs)
+            meta for meta, _ in plan_chunks((metadata_fn or named_tensors_fn)(), **self._plan_kwargs)
         ]
 
     @property

@@ -302,15 +302,22 @@ class TorchPolicyBackend(PolicyBackend):
     def export_weights(self, bucket_bytes: int):
         from slime_gb10.grpo.weight_sync import WeightStream
 
-        def named_tensors():
+        def named_tensors(metadata_only: bool = False):
             named = ((name, param.detach()) for name, param in self.model.named_parameters())
             if self.rollout_weights == "nvfp4":
                 from slime_gb10.grpo.quantized import rollout_weights
 
-                named = rollout_weights(self.model, named, self.transfer_dtype, self._code_changes)
+                named = rollout_weights(
+                    self.model, named, self.transfer_dtype, self._code_changes, metadata_only=metadata_only
+                )
             yield from named
 
-        return WeightStream(named_tensors, bucket_bytes=bucket_bytes, transfer_dtype=self.transfer_dtype)
+        return WeightStream(
+            named_tensors,
+            bucket_bytes=bucket_bytes,
+            transfer_dtype=self.transfer_dtype,
+            metadata_fn=lambda: named_tensors(metadata_only=True),
+        )
 
     def state_dict(self) -> dict:
         return {
