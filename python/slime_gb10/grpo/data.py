@@ -363,20 +363,15 @@ def hub_dataset(spec: str) -> HubDataset | None:
 
 
 def load_hub_split(
-    hub: HubDataset,
-    split: str,
-    *,
-    prompt_key: str | None = None,
-    answer_key: str | None = None,
-    layout: Literal["auto", "gsm8k", "generic"] = "auto",
-    limit: int | None = None,
-    numeric_answers: bool = True,
+    hub: HubDataset, split: str, *, limit: int | None = None, **columns
 ) -> list[PromptExample]:
     """One split of a hub dataset through ``datasets.load_dataset`` (its local cache first, then the hub).
 
     ``hub.repo`` may also be a local directory laid out like the hub repository (what
-    ``datasets`` itself accepts). Errors are :class:`DatasetError` naming the fix: the missing
-    extra, or, without network, the local files to pass instead.
+    ``datasets`` itself accepts). ``columns``: :func:`load_prompt_dataset`'s ``prompt_key``,
+    ``answer_key``, ``layout`` and ``numeric_answers``, the same rules for both. Errors are
+    :class:`DatasetError` naming the fix: the missing extra, or, without network, the local files
+    to pass instead.
     """
     try:
         import datasets
@@ -400,10 +395,7 @@ def load_hub_split(
     if not records:
         raise DatasetError(f"{name} has no records")
     stem = f"{hub.repo.rstrip('/').rsplit('/', 1)[-1]}-{split}"
-    return examples_from_records(
-        records, name, stem, prompt_key=prompt_key, answer_key=answer_key, layout=layout,
-        numeric_answers=numeric_answers,
-    )  # fmt: skip
+    return examples_from_records(records, name, stem, **columns)
 
 
 def load_dataset_spec(spec: str, split: Literal["train", "test"] = "train", **kwargs) -> list[PromptExample]:

@@ -237,19 +237,24 @@ class TorchPolicyBackend(PolicyBackend):
         return out
 
     # ---------------------------------------------------------------- logprobs
+    def _token_logprobs(self, model, batch: TokenBatch, *, with_entropy: bool, head: bool = True):
+        """:func:`token_logprobs` at this backend's temperature and autocast; ``head``: the LM head's
+        blocks compiled as the layers are (the reference model's head runs plain)."""
+        return token_logprobs(
+            model,
+            batch,
+            temperature=self.temperature,
+            with_entropy=with_entropy,
+            autocast_dtype=self.autocast_dtype,
+            compile_backend=self._head_backend() if head else None,
+        )
+
     @torch.no_grad()
     def logprobs(self, batch: TokenBatch, *, with_entropy: bool = False):
         self.model.eval()
         batch = self._to_device(batch)
         return self._compiled_or_plain(
-            lambda: token_logprobs(
-                self.model,
-                batch,
-                temperature=self.temperature,
-                with_entropy=with_entropy,
-                autocast_dtype=self.autocast_dtype,
-                compile_backend=self._head_backend(),
-            )
+            lambda: self._token_logprobs(self.model, batch, with_entropy=with_entropy)
         )
 
     @torch.no_grad()
@@ -257,12 +262,8 @@ class TorchPolicyBackend(PolicyBackend):
         """Logprobs under the frozen initial policy (KL term / metric)."""
         if self.reference_model is None:
             raise RuntimeError("no reference model was loaded (algo.beta == 0 and algo.ref_kl_metric is off)")
-        lp, _ = token_logprobs(
-            self.reference_model,
-            self._to_device(batch),
-            temperature=self.temperature,
-            with_entropy=False,
-            autocast_dtype=self.autocast_dtype,
+        lp, _ = self._token_logprobs(
+            self.reference_model, self._to_device(batch), with_entropy=False, head=False
         )
         return lp
 
@@ -274,14 +275,7 @@ class TorchPolicyBackend(PolicyBackend):
             lambda: accumulate_gradients(
                 microbatches,
                 device=self.device,
-                forward=lambda batch: token_logprobs(
-                    self.model,
-                    batch,
-                    temperature=self.temperature,
-                    with_entropy=True,
-                    autocast_dtype=self.autocast_dtype,
-                    compile_backend=self._head_backend(),
-                ),
+                forward=lambda batch: self._token_logprobs(self.model, batch, with_entropy=True),
                 loss_fn=loss_fn,
                 discard_gradients=lambda: self.optimizer.zero_grad(set_to_none=True),
             ),
