@@ -272,3 +272,26 @@ def test_a_whole_qat_model_under_bf16_autocast_is_the_model_holding_the_synced_w
     ids = torch.randint(0, 1000, (2, 9), generator=torch.Generator().manual_seed(2))
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch.equal(qat(ids).logits, plain(ids).logits)
+
+
+def test_the_mismatch_verdict_takes_the_medians_of_the_second_half_under_nemo_rls_gates(tmp_path):
+    """Of 6 steps the first 3 are ignored; steps 4-6: k3 (0.002, 0.002, 0.009) -> median 0.002 <
+    0.003, exp|dlogp| (1.05, 1.05, 1.2) -> 1.05 < 1.1: pass; bad late steps (k3 0.009): fail."""
+    import json
+
+    from slime_gb10.grpo.quantized import mismatch_verdict
+
+    def verdict(k3s, exps):
+        rows = [{"step": 0, "eval/pass@1": 0.1}] + [
+            {"step": i + 1, "mismatch_k3": k, "mismatch_exp_abs_median": e, "train/nvfp4_codes_changed": 1e-4}
+            for i, (k, e) in enumerate(zip(k3s, exps, strict=True))
+        ]
+        (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return mismatch_verdict(tmp_path)
+
+    passed, line = verdict([0.5, 0.5, 0.001, 0.002, 0.002, 0.009], [2.0, 2.0, 1.0, 1.05, 1.05, 1.2])
+    assert passed and "k3 median 0.00200" in line and "steps 4-6" in line and "exp|dlogp| 1.0500" in line
+    passed, line = verdict([0.5, 0.001, 0.002, 0.009, 0.009, 0.009], [1.0] * 6)
+    assert not passed and line.endswith("FAIL") and "0.00900" in line
+    (tmp_path / "metrics.jsonl").write_text("")
+    assert mismatch_verdict(tmp_path)[0] is False

@@ -130,3 +130,30 @@ def test_an_unknown_step_is_a_usage_error(tmp_path):
     with pytest.raises(SystemExit) as info:
         verify.main(["--only", "nosuch", "--out", str(tmp_path / "r.md")])
     assert info.value.code == 2
+
+
+def test_the_nvfp4_steps_run_a_short_nvfp4_training_and_gate_its_mismatch(tmp_path):
+    """grpo-nvfp4 trains with NVFP4 rollouts into a folder; nvfp4-mismatch reads that folder's
+    metrics and exits 1 outside NeMo-RL's gates (here on hand-written metrics, as on a GB10)."""
+    import json
+    import subprocess
+    import sys
+
+    steps = {s.name: s for s in verify.plan(None, tmp_path)}
+    run, check = steps["grpo-nvfp4"], steps["nvfp4-mismatch"]
+    assert run.needs_gpu and check.needs_gpu
+    assert "rollout.weights=nvfp4" in run.cmd and str(tmp_path / "grpo-nvfp4") in run.cmd
+    assert check.cmd[-1] == str(tmp_path / "grpo-nvfp4")
+    names = list(steps)
+    assert names.index("grpo-nvfp4") + 1 == names.index("nvfp4-mismatch")
+
+    def gate(k3: float) -> subprocess.CompletedProcess:
+        folder = tmp_path / "grpo-nvfp4"
+        folder.mkdir(exist_ok=True)
+        rows = [{"step": i, "mismatch_k3": k3, "mismatch_exp_abs_median": 1.0} for i in range(1, 5)]
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return subprocess.run([sys.executable, *check.cmd[1:]], capture_output=True, text=True, timeout=60)
+
+    good, bad = gate(0.001), gate(0.01)
+    assert good.returncode == 0 and good.stdout.rstrip().endswith("pass"), good
+    assert bad.returncode == 1 and bad.stdout.rstrip().endswith("FAIL"), bad

@@ -16,7 +16,9 @@ quantization, which the ``mismatch_*`` metrics of every step measure (algo.rollo
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -146,3 +148,31 @@ def plain_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
     extra = {f"{name}.input_amax" for name, _ in nvfp4_layers(model)}
     return {k: v for k, v in model.state_dict().items() if k not in extra}
+
+
+# NeMo-RL's gates for quantization-aware RL (REFERENCE.md, "Low-precision rollouts"): per-token
+# KL(rollout || trainer) and the median exp|Δlogp| between the rollout's and the trainer's logprobs.
+KL_GATE = 0.003
+EXP_ABS_GATE = 1.1
+
+
+def mismatch_verdict(run_dir: str | Path) -> tuple[bool, str]:
+    """Whether a finished NVFP4-rollout run kept its rollout and trainer one policy: the medians of
+    ``mismatch_k3`` and ``mismatch_exp_abs_median`` over the second half of its steps under
+    NeMo-RL's gates. ``(passed, one line saying so)``; `slime-gb10 verify` runs it on the GB10."""
+    from slime_gb10.grpo.metrics import METRICS_FILE, read_jsonl
+
+    rows = [r for r in read_jsonl(Path(run_dir) / METRICS_FILE) if r.get("mismatch_k3") is not None]
+    if not rows:
+        return False, f"no step in {Path(run_dir) / METRICS_FILE} logged mismatch_k3 (did the run train?)"
+    late = rows[len(rows) // 2 :]
+    k3 = statistics.median(r["mismatch_k3"] for r in late)
+    exp_abs = statistics.median(r["mismatch_exp_abs_median"] for r in late)
+    passed = k3 < KL_GATE and exp_abs < EXP_ABS_GATE
+    changed = [r["train/nvfp4_codes_changed"] for r in late if r.get("train/nvfp4_codes_changed") is not None]
+    codes = f"; {statistics.fmean(changed):.2e} of the NVFP4 codes changed per sync" if changed else ""
+    return passed, (
+        f"NVFP4 rollouts, steps {late[0]['step']}-{late[-1]['step']}: KL(rollout || trainer) k3 median "
+        f"{k3:.5f} (gate {KL_GATE}), median exp|dlogp| {exp_abs:.4f} (gate {EXP_ABS_GATE}){codes}: "
+        + ("pass" if passed else "FAIL")
+    )

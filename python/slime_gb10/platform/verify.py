@@ -90,6 +90,12 @@ _BOXED_MATH_CHECK = (
     r"assert reward(r'so \boxed{3}', '0.5') == 0.0; print('boxed_math: ok')"
 )
 
+# NVFP4 rollouts (issue #39) on the GB10: the run of step grpo-nvfp4 under NeMo-RL's mismatch gates.
+_NVFP4_MISMATCH_CHECK = (
+    "import sys; from slime_gb10.grpo.quantized import mismatch_verdict; "
+    "passed, line = mismatch_verdict(sys.argv[1]); print(line); sys.exit(0 if passed else 1)"
+)
+
 _DOCTOR_STATUS = {"ok": "pass", "warn": "pass", "skip": "skip", "fail": "fail"}
 
 
@@ -187,6 +193,44 @@ def plan(repo: Path | None, work: Path, python: str = sys.executable, scale: flo
                 str(work / "grpo-torch-torch"),
             ),
             900,
+            needs_gpu=True,
+        ),
+        Step(
+            "grpo-nvfp4",
+            "30 GRPO steps with NVFP4 rollouts and NVFP4 QAT (PyTorch pair, the embedded model)",
+            (
+                *cli,
+                "train",
+                "--steps",
+                "30",
+                "--prompts-per-step",
+                "8",
+                "--group-size",
+                "8",
+                "--max-new-tokens",
+                "64",
+                "--no-progress",
+                "--rollout",
+                "torch",
+                "--trainer",
+                "torch",
+                "--set",
+                "rollout.weights=nvfp4",
+                "--set",
+                "eval.every=0",
+                "--set",
+                "output.save_final_model=false",
+                "--output",
+                str(work / "grpo-nvfp4"),
+            ),
+            1800,
+            needs_gpu=True,
+        ),
+        Step(
+            "nvfp4-mismatch",
+            "that run's rollout and trainer are one policy: KL < 0.003, median exp|dlogp| < 1.1",
+            (*py, "-c", _NVFP4_MISMATCH_CHECK, str(work / "grpo-nvfp4")),
+            120,
             needs_gpu=True,
         ),
         Step(
