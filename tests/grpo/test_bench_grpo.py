@@ -39,6 +39,13 @@ def test_model_costs_count_the_parameters_transformers_builds(name):
     costs = model_costs(shape)
     assert costs.params == sum(p.numel() for p in model.parameters())
     assert costs.kv_bytes_per_token == 2 * shape.layers * shape.kv_heads * shape.head_dim * 2
+    # NVFP4 rollouts: the decoder's linear weights (transformers' *_proj matrices) at 9/16 byte
+    linear = sum(
+        p.numel()
+        for n, p in model.named_parameters()
+        if n.startswith("model.layers.") and n.endswith("_proj.weight")
+    )
+    assert costs.nvfp4_weight_bytes == costs.weight_bytes - 2 * linear + linear * 9 // 16
 
 
 def test_model_costs_of_shape_b_match_the_issue():
@@ -111,6 +118,35 @@ def test_run_shape_reports_every_step_on_cpu(tmp_path, tokenizer):
     result.update(summary=summary)
     table = format_table({"ceilings": {**ceilings, "device": "cpu"}, "shapes": [result]})
     assert "| tiny (2-layer Llama) |" in table and "2×2" in table
+
+
+def test_nvfp4_rollouts_add_the_roofline_from_the_codes_as_a_projection(tmp_path, tokenizer, monkeypatch):
+    """--rollout-weights nvfp4 sets rollout.weights; each step gets the decode roofline with 9/16-byte
+    linear weights (below the BF16 one), and the table says it is a projection."""
+    tok_dir = tmp_path / "tok"
+    tokenizer.save_pretrained(tok_dir)
+    ceilings = {"copy_gbps": 10.0, "bf16_tflops": 1.0}
+    result = run_shape(
+        TINY, ceilings, work_dir=tmp_path, tokenizer_dir=str(tok_dir), steps=2, micro_batch_size=4,
+        settings={"rollout.weights": "nvfp4"},
+    )  # fmt: skip
+    for s in result["steps"]:
+        assert 0 < s["rollout_roofline_nvfp4_s"] < s["rollout_roofline_s"]
+        assert s["nvfp4_codes_changed"] is None or 0 <= s["nvfp4_codes_changed"] < 1
+    result.update(summary=summarize(result))
+    table = format_table({"ceilings": {**ceilings, "device": "cpu"}, "shapes": [result]})
+    assert "a projection from bytes, not a measurement" in table
+    seen = {}
+    monkeypatch.setattr(
+        "slime_gb10.bench.grpo.run_benchmark",
+        lambda names, **kw: seen.update(kw) or {"ceilings": {}, "shapes": []},
+    )
+    monkeypatch.setattr("slime_gb10.bench.grpo.format_table", lambda result: "")
+    out = CliRunner().invoke(
+        bench_grpo_command, ["--shapes", "A", "--tokenizer", "t", "--rollout-weights", "nvfp4"]
+    )
+    assert out.exit_code == 0, out.output
+    assert seen["settings"] == {"rollout.weights": "nvfp4"}
 
 
 def test_command_refuses_unknown_shapes_and_a_machine_without_gpu():

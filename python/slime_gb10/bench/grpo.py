@@ -27,7 +27,7 @@ import logging
 import statistics
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import click
@@ -90,6 +90,9 @@ class ModelCosts:
     kv_bytes_per_token: int  # K and V of one token over all layers, BF16
     layers: int
     attn_dim: int  # heads x head_dim
+    # what one decode step would read with the decoder's linear weights as NVFP4 codes (9/16 byte a
+    # weight: 4-bit codes and an E4M3 scale per 16) and the rest in BF16 (rollout.weights=nvfp4)
+    nvfp4_weight_bytes: int = 0
 
 
 def model_costs(shape: Shape) -> ModelCosts:
@@ -104,6 +107,7 @@ def model_costs(shape: Shape) -> ModelCosts:
     params = shape.layers * per_layer + h + embedding + head
     matmul = params - embedding + (embedding if shape.tied else 0)  # the LM head multiplies V x h
     weight_bytes = 2 * (params - (0 if shape.tied else embedding))
+    linear = shape.layers * (h * q + 2 * h * kv + q * h + 3 * h * shape.mlp)  # NVFP4 under rollout.weights
     return ModelCosts(
         params=params,
         matmul_params=matmul,
@@ -111,6 +115,7 @@ def model_costs(shape: Shape) -> ModelCosts:
         kv_bytes_per_token=2 * shape.layers * kv * 2,
         layers=shape.layers,
         attn_dim=q,
+        nvfp4_weight_bytes=weight_bytes - 2 * linear + linear * 9 // 16,
     )
 
 
@@ -272,6 +277,12 @@ def run_shape(
             "cuda_graph": row.get("rollout/cuda_graph"),
             "compiled_layers": row.get("train/compiled"),
         }
+        if config.rollout.weights == "nvfp4":  # a projection: the engine decodes with BF16 kernels
+            from_codes = replace(costs, weight_bytes=costs.nvfp4_weight_bytes)
+            step["rollout_roofline_nvfp4_s"] = rollout_roofline_s(
+                prompt_lens, completion_lens, from_codes, gbps, tflops
+            )
+            step["nvfp4_codes_changed"] = row.get("train/nvfp4_codes_changed")
         if sheet_gbps and sheet_tflops:
             sheet_roof = rollout_roofline_s(prompt_lens, completion_lens, costs, sheet_gbps, sheet_tflops)
             step["rollout_roofline_frac_datasheet"] = sheet_roof / row["rollout_time_s"]
@@ -289,7 +300,8 @@ def summarize(result: dict) -> dict:
         return statistics.median(values) if values else None
 
     keys = ("step_s", "rollout_s", "rollout_roofline_frac", "rollout_roofline_frac_datasheet", "train_s",
-            "mfu", "mfu_datasheet", "train_tflops", "sync_s", "peak_gib")  # fmt: skip
+            "mfu", "mfu_datasheet", "train_tflops", "sync_s", "peak_gib", "rollout_roofline_s",
+            "rollout_roofline_nvfp4_s", "nvfp4_codes_changed")  # fmt: skip
     summary = {key: median(key) for key in keys}
     summary["rollout_tokens_per_s"] = median("rollout_tokens") / summary["rollout_s"]
     summary["train_tokens_per_s"] = median("train_tokens") / summary["train_s"]
@@ -329,6 +341,18 @@ def format_table(result: dict) -> str:
             f"| {s['train_s']:.3f} | {s['train_tokens_per_s']:.0f} | {pct(s['mfu'])} / {pct(s['mfu_datasheet'])} "
             f"| {s['sync_s']:.3f} | {s['peak_gib'] or 0:.1f} | {'on' if s['cuda_graph'] else 'OFF'} "
             f"| {'on' if s['compiled_layers'] else 'off'} |"
+        )
+    for shape_result in result["shapes"]:
+        s, costs = shape_result.get("summary") or {}, shape_result["costs"]
+        if s.get("rollout_roofline_nvfp4_s") is None:
+            continue
+        lines.append(
+            f"- {shape_result['shape']['name']}, NVFP4 rollouts: the engine decodes the dequantized weights with "
+            f"BF16 kernels ({costs['weight_bytes'] / 1e6:.0f} MB of weights per decode step; roofline "
+            f"{s['rollout_roofline_s']:.3f} s). Decoding from the codes would read "
+            f"{costs['nvfp4_weight_bytes'] / 1e6:.0f} MB ({costs['weight_bytes'] / costs['nvfp4_weight_bytes']:.2f}x "
+            f"fewer): a roofline of {s['rollout_roofline_nvfp4_s']:.3f} s, a projection from bytes, not a "
+            f"measurement. Codes changed per sync: {s['nvfp4_codes_changed'] or 0:.2e}."
         )
     return "\n".join(lines)
 
@@ -404,10 +428,18 @@ def run_benchmark(
     help="A config override, e.g. rollout.compile_decode=true.",
 )
 @click.option(
+    "--rollout-weights",
+    type=click.Choice(["bf16", "nvfp4"]),
+    default="bf16",
+    show_default=True,
+    help="nvfp4: NVFP4 rollouts (and QAT, the config's default with them); the table adds the decode "
+    "roofline from the 4-bit codes, as a projection.",
+)
+@click.option(
     "--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Also write the result here."
 )
 def bench_grpo_command(
-    shapes, steps, micro_batch_size, tokenizer_dir, data, work_dir, settings, json_path
+    shapes, steps, micro_batch_size, tokenizer_dir, data, work_dir, settings, rollout_weights, json_path
 ) -> None:
     """Our GRPO step on fixed-work shapes: rollout vs the decode roofline, train MFU, sync, memory."""
     from slime_gb10.grpo.models import default_tokenizer_dir
@@ -421,6 +453,8 @@ def bench_grpo_command(
     if bad:
         raise click.UsageError(f"--set {bad[0]!r}: expected section.key=value")
     overrides = dict(item.split("=", 1) for item in settings)
+    if rollout_weights != "bf16":
+        overrides["rollout.weights"] = rollout_weights
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="slime-gb10-bench-grpo-"))
     result = run_benchmark(
         names, steps=steps, micro_batch_size=micro_batch_size, work_dir=work, data=data, settings=overrides,
