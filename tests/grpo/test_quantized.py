@@ -176,6 +176,10 @@ def test_a_sync_counts_the_codes_it_changed_once(tiny_dir, tokenizer):
     backend = TorchPolicyBackend(model, tokenizer, "cpu", train=TrainConfig(), rollout_weights="nvfp4")
     list(backend.export_weights(1 << 20))  # the first sync: nothing to compare with
     assert "nvfp4_codes_changed" not in backend.stats()
+    # under torchrun the ranks' weight digest streams the weights once more before the setup sync:
+    # neither may dilute the next step's count
+    list(backend.export_weights(1 << 20))
+    list(backend.export_weights(1 << 20))
     params = dict(model.named_parameters())
     name = "model.layers.0.self_attn.o_proj.weight"  # in no fused group: its own global scale
     before = quantize_reference(params[name].detach().clone()).data
@@ -293,5 +297,23 @@ def test_the_mismatch_verdict_takes_the_medians_of_the_second_half_under_nemo_rl
     assert passed and "k3 median 0.00200" in line and "steps 4-6" in line and "exp|dlogp| 1.0500" in line
     passed, line = verdict([0.5, 0.001, 0.002, 0.009, 0.009, 0.009], [1.0] * 6)
     assert not passed and line.endswith("FAIL") and "0.00900" in line
+    passed, line = verdict([0.001] * 4, [None, None, 1.0, 1.0])  # rows without the median are left out
+    assert passed and "steps 4-4" in line
     (tmp_path / "metrics.jsonl").write_text("")
     assert mismatch_verdict(tmp_path)[0] is False
+
+
+def test_nvfp4_rollouts_with_a_bf16_trainer_are_warned_about(tiny_dir, tokenizer, caplog):
+    """Set explicitly, or carried by a resumed BF16 run's config.yaml: the backend says what it costs."""
+    from slime_gb10.grpo.backends.torch_backend import build_backend
+
+    overrides = {
+        "model.name_or_path": str(tiny_dir),
+        "rollout.weights": "nvfp4",
+        "train.quantization": "none",
+    }
+    with caplog.at_level("WARNING"):
+        build_backend(build_config(overrides=overrides), tokenizer, "cpu")
+    assert (
+        "NVFP4 rollouts with a BF16 trainer" in caplog.text and "train.quantization=nvfp4-qat" in caplog.text
+    )

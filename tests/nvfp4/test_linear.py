@@ -82,6 +82,16 @@ def test_fake_quantize_straight_through_gradient():
     assert torch.equal(x.grad, g)
 
 
+def test_the_round_trip_operator_passes_torchs_own_checks():
+    """torch.library.opcheck: schema, the fake (shape and contiguous strides, as the real op returns
+    even for a transposed input), autograd registration; with and without a global scale."""
+    x = torch.randn(32, 16, dtype=torch.float32).t()  # [16, 32], not contiguous
+    for scale in (None, torch.tensor(0.01)):
+        torch.library.opcheck(torch.ops.slime_gb10.nvfp4_round_trip.default, (x, scale))
+    empty = torch.empty(0, 16, requires_grad=True)  # nothing to quantize: no amax, still a tensor
+    assert fake_quantize(empty).shape == (0, 16)
+
+
 def test_qat_layer_compiles_as_one_graph():
     """torch.compile(fullgraph=True) of a QAT layer (weights only, as GRPO's nvfp4-qat trains): the
     round trip is one opaque operator (no graph break, no tracing into the quantizer), forward and

@@ -74,6 +74,12 @@ class CodeChanges:
         self._changed: list[torch.Tensor] = []  # [codes changed, scales changed] of each weight
         self._totals = [0, 0]  # codes, scales compared
 
+    def begin(self) -> None:
+        """A sync starts: the counts are this sync's alone (a pass that is not a sync, such as the
+        ranks' weight digest at setup, must not add to them); the comparison stays with the last
+        weights seen."""
+        self._changed, self._totals = [], [0, 0]
+
     def observe(self, name: str, data: torch.Tensor, scale: torch.Tensor) -> None:
         """One quantized weight of this sync: ``data`` its packed codes (two per byte), ``scale``
         its block scales."""
@@ -126,6 +132,8 @@ def rollout_weights(
             yield name, torch.empty(tensor.shape, dtype=dtype, device="meta") if name in quantized else tensor
         return
     scales = _global_scales(model)
+    if changes is not None:
+        changes.begin()
     with torch.no_grad():
         for name, tensor in named_tensors:
             scale = scales.get(name, _KEEP)
@@ -162,7 +170,11 @@ def mismatch_verdict(run_dir: str | Path) -> tuple[bool, str]:
     NeMo-RL's gates. ``(passed, one line saying so)``; `slime-gb10 verify` runs it on the GB10."""
     from slime_gb10.grpo.metrics import METRICS_FILE, read_jsonl
 
-    rows = [r for r in read_jsonl(Path(run_dir) / METRICS_FILE) if r.get("mismatch_k3") is not None]
+    rows = [
+        r
+        for r in read_jsonl(Path(run_dir) / METRICS_FILE)
+        if r.get("mismatch_k3") is not None and r.get("mismatch_exp_abs_median") is not None
+    ]
     if not rows:
         return False, f"no step in {Path(run_dir) / METRICS_FILE} logged mismatch_k3 (did the run train?)"
     late = rows[len(rows) // 2 :]

@@ -117,6 +117,9 @@ class GRPOTrainer:
         torch.manual_seed(cfg.train.seed)
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
+        self.reward_fn = get_reward(cfg.data.reward_spec())
+        self._reward_failures = FailureStreak(cfg.data.max_failed_reward_steps, self.reward_fn)
+        self._train_source, self.eval_examples = run_splits(cfg, self.dist)  # the same on every rank
         if self.tokenizer is None:
             self.tokenizer = load_tokenizer(
                 resolve_model_path(cfg.model.name_or_path), cfg.model.trust_remote_code
@@ -124,9 +127,6 @@ class GRPOTrainer:
         build = self.engine is None or self.backend is None
         if build:
             check_context_fits(cfg)  # before any weights load: a too long sequence would crash mid-run
-        self.reward_fn = get_reward(cfg.data.reward_spec())
-        self._reward_failures = FailureStreak(cfg.data.max_failed_reward_steps, self.reward_fn)
-        self._train_source, self.eval_examples = run_splits(cfg, self.dist)  # the same on every rank
         self.prompts = PromptEncoder.from_config(self.tokenizer, cfg)
         self.sampler, self.eval_examples = run_sampler(
             cfg, self.prompts, self._train_source, self.eval_examples

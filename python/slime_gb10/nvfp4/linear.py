@@ -90,7 +90,7 @@ def _round_trip(x: torch.Tensor, global_scale: torch.Tensor | None) -> torch.Ten
 
 @_round_trip.register_fake
 def _round_trip_shape(x: torch.Tensor, global_scale: torch.Tensor | None) -> torch.Tensor:
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)  # contiguous, as dequantize returns it (empty_like keeps x's strides)
 
 
 def _straight_through(ctx, grad_output: torch.Tensor):

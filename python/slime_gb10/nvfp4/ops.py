@@ -41,6 +41,8 @@ def quantize(
 def own_global_scale(x: torch.Tensor) -> torch.Tensor:
     """``amax(|x|) / (6 * 448)`` as a device scalar (what ``global_scale=None`` computes, without
     the host sync of its NaN/Inf check)."""
+    if not x.numel():  # an empty tensor has no amax; any scale quantizes it (to nothing)
+        return torch.ones((), dtype=torch.float32, device=x.device)
     return global_scale_from_amax(x.detach().abs().amax())
 
 

@@ -375,6 +375,13 @@ def build_backend(config, tokenizer, device) -> TorchPolicyBackend:
     from slime_gb10.grpo.models import load_causal_lm, resolve_model_path
 
     device = torch.device(device)
+    if config.rollout.weights == "nvfp4" and config.train.quantization == "none":
+        # the config's default pairs NVFP4 rollouts with QAT; this run sets (or resumed with) none
+        log.warning(
+            "NVFP4 rollouts with a BF16 trainer (train.quantization=none): on an H100 this ran at "
+            "KL(rollout || trainer) 0.13-0.25 per token and ended 25 points under QAT (BENCHMARKS.md); "
+            "--set train.quantization=nvfp4-qat trains the policy the rollouts sample"
+        )
     path = resolve_model_path(config.model.name_or_path)
     kwargs = {
         "attn_implementation": config.model.attn_implementation,
