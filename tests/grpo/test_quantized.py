@@ -227,6 +227,11 @@ def test_nvfp4_rollouts_train_through_qat_unless_told_otherwise():
     assert build_config().train.quantization == "none"  # BF16 rollouts: nothing changes
     again = GRPOConfig.model_validate(yaml.safe_load(chosen.to_yaml()))
     assert again.train.quantization == "nvfp4-qat"
+    from slime_gb10.grpo.config import RolloutConfig, TrainConfig
+
+    mine = TrainConfig()  # a caller's own section object is not changed behind its back
+    built = GRPOConfig(rollout=RolloutConfig(weights="nvfp4"), train=mine)
+    assert built.train.quantization == "nvfp4-qat" and mine.quantization == "none"
 
 
 def test_the_megatron_backend_refuses_the_nvfp4_settings():

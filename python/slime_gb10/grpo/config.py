@@ -513,7 +513,9 @@ class GRPOConfig(_Section):
         # a BF16 trainer against them ran at KL(rollout || trainer) 0.13-0.25 per token and ended 25
         # points under QAT, which matched BF16 rollouts (BENCHMARKS.md, "NVFP4 rollouts, 500 steps").
         if self.rollout.weights == "nvfp4" and "quantization" not in self.train.model_fields_set:
-            self.train.quantization = "nvfp4-qat"
+            # a copy: a TrainConfig a caller passed in stays as it was (and, quantization now set,
+            # the re-validation of this assignment leaves it alone)
+            self.train = self.train.model_copy(update={"quantization": "nvfp4-qat"})
         return self
 
     @model_validator(mode="after")
