@@ -228,6 +228,7 @@ def test_grpo_loss_hand_example():
     close(m["kl"], sum(k3) / 3)
     close(m["entropy"], 2.0)
     close(m["tis_weight_mean"], 1.0)  # (1 + 0.5 + 1.5) / 3
+    close(m["tis_clipped_frac"], 1 / 3)  # raw weights 1, 0.5, 2 (token [1,0]) over the cap 1.5
     close(m["pg_loss"], (-1.28 - 0.5 + 1.2) / 3)
     assert all(not v.requires_grad for v in m.values())
 
@@ -258,6 +259,7 @@ def test_grpo_loss_plain_and_gradient():
     close(lp.grad, [[-2 / 3, -2 / 3], [1 / 3, 0.0]])
     assert math.isnan(m["kl"].item()) and math.isnan(m["entropy"].item())
     close(m["tis_weight_mean"], 1.0)
+    close(m["tis_clipped_frac"], 0.0)  # TIS off
     close(m["clip_frac"], 0.0)
 
 

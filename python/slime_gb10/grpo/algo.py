@@ -360,7 +360,8 @@ def grpo_loss(
     Metrics (masked token means, detached): ``clip_frac`` (fraction of tokens whose clipped
     branch is active), ``clip_frac_low``, ``clip_frac_high``, ``ratio_mean`` (``exp(lp - old)``),
     ``kl`` (k3 against the reference; NaN when no ``ref_logprobs`` given), ``entropy`` (NaN when
-    no ``entropy`` given), ``tis_weight_mean`` (1.0 when TIS is off), ``pg_loss`` (the
+    no ``entropy`` given), ``tis_weight_mean`` (1.0 when TIS is off), ``tis_clipped_frac`` (the
+    share of tokens whose TIS weight the cap cut; 0 when TIS is off), ``pg_loss`` (the
     aggregated clip loss alone); with ``rollout_logprobs``: :func:`rollout_mismatch`'s four, and
     ``mis_masked_frac`` (the share of sequences :func:`mismatch_masking` drops; ``mis`` other than
     "none" needs ``rollout_logprobs``, and the dropped sequences' tokens leave the loss).
@@ -414,6 +415,12 @@ def grpo_loss(
             "tis_weight_mean": masked_mean(tis_weights, mask)
             if tis_weights is not None
             else nan.new_ones(()),
+            # the share of the loss's tokens whose weight the cap cut (0 when TIS is off)
+            "tis_clipped_frac": masked_mean(
+                (torch.exp(old_logprobs - rollout_logprobs) > tis_cap).to(mask.dtype), mask
+            )
+            if tis_cap is not None
+            else nan.new_zeros(()),
             "pg_loss": aggregate_loss(pg_per_token, mask, loss_agg, max_len, global_count=global_count),
         }
         if rollout_logprobs is not None:  # over every completion token, masked or not

@@ -201,6 +201,7 @@ def step_row(
         # what the advantages were computed from (the task reward plus the length remedies)
         "shaped_reward_mean": sum(shaped) / n,
         **{key: train_metric(key) for key in ("entropy", "kl", "clip_frac", "ratio_mean", "tis_weight_mean")},
+        "tis_clipped_frac": train_metric("tis_clipped_frac"),  # the share of tokens the TIS cap cut
         # how far the trainer's probabilities are from the rollout engine's (algo.rollout_mismatch)
         **{key: train_metric(key) for key in MISMATCH_KEYS},
         "loss": sum(part["loss"] for part in ranks),
