@@ -322,3 +322,53 @@ def test_nvfp4_rollouts_with_a_bf16_trainer_are_warned_about(tiny_dir, tokenizer
     assert (
         "NVFP4 rollouts with a BF16 trainer" in caplog.text and "train.quantization=nvfp4-qat" in caplog.text
     )
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_an_nvfp4_rollout_samples_from_the_model_holding_the_dequantized_weights(tiny_dir, tokenizer, device):
+    """The engine after an NVFP4 sync (its own kernels; on a GPU in BF16 with its CUDA-graphed decode)
+    against a plain Hugging Face forward of a model holding the round-tripped weights: the sampled
+    tokens' logprobs agree within the engine dtype's rounding (1e-4 in FP32 on a CPU; 0.1 in BF16,
+    where the engine's fused kernels and the HF forward round differently; a sync that left the
+    weights unquantized misses by ~3 on this model), and greedy decoding picks the reference's
+    argmax except where its two best logits are within that tolerance (a near-tie)."""
+    from slime_gb10.grpo.backends.torch_backend import TorchPolicyBackend
+    from slime_gb10.grpo.config import TrainConfig
+    from slime_gb10.grpo.engines.torch.engine import TorchRolloutEngine
+    from slime_gb10.grpo.interfaces import SamplingParams
+
+    dtype, tol = (torch.float32, 1e-4) if device == "cpu" else (torch.bfloat16, 1e-1)
+    trainer = load_causal_lm(tiny_dir, dtype=torch.float32)
+    backend = TorchPolicyBackend(
+        trainer, tokenizer, device, train=TrainConfig(), rollout_weights="nvfp4", transfer_dtype=dtype
+    )
+    engine_model = load_causal_lm(tiny_dir, dtype=dtype)
+    engine = TorchRolloutEngine(engine_model, tokenizer, device, eos_token_ids=[])  # runs to the cap
+    engine.update_weights(backend.export_weights(1 << 20))
+    reference = load_causal_lm(tiny_dir, dtype=torch.float32)  # the round trip by the CPU reference
+    cpu_params = ((n, p.detach()) for n, p in reference.named_parameters())
+    synced = dict(rollout_weights(reference, cpu_params, torch.float32))
+    reference.load_state_dict(synced, strict=False)
+    reference = reference.to(device=device, dtype=dtype).eval()
+
+    prompts = [[1, 2, 3, 4], [5, 6, 7, 8, 9, 10]]
+    for params in (
+        SamplingParams(max_new_tokens=12, seed=3),
+        SamplingParams(max_new_tokens=12, temperature=0.0),
+    ):
+        for g in engine.generate(prompts, params):
+            ids = torch.tensor([g.prompt_ids + g.completion_ids], device=device)
+            with torch.no_grad():
+                logits = reference(ids).logits[0, len(g.prompt_ids) - 1 : -1].float()
+            chosen = torch.tensor(g.completion_ids, device=device)
+            if params.temperature > 0:  # the sampled tokens' logprobs
+                expected = torch.log_softmax(logits, -1).gather(-1, chosen[:, None])[:, 0]
+                got = torch.tensor(g.completion_logprobs, device=device)
+                torch.testing.assert_close(got, expected, atol=tol, rtol=0)
+            else:  # greedy: the reference's argmax, but at near-ties
+                top2 = logits.topk(2, -1).values
+                tie = (top2[:, 0] - top2[:, 1]) < tol
+                assert bool(((chosen == logits.argmax(-1)) | tie).all()), (
+                    g.completion_ids,
+                    logits.argmax(-1),
+                )
