@@ -124,7 +124,7 @@ def rollout_weights(
     and dtypes with nothing computed (the quantized weights as ``meta`` tensors), for the weight
     stream's first pass, which plans the buckets (quantizing there too cost a second round trip
     of every weight per sync, and counted each sync's codes twice)."""
-    from slime_gb10.nvfp4.ops import dequantize, own_global_scale, quantize
+    from slime_gb10.nvfp4.ops import dequantize, quantize_without_sync
 
     if metadata_only:
         quantized = _global_scales(model, names_only=True)
@@ -140,10 +140,7 @@ def rollout_weights(
             if scale is _KEEP:
                 yield name, tensor
             else:
-                # the scale on the device and no NaN/Inf check: no host sync per weight (a
-                # non-finite weight shows in the loss first)
-                gs = own_global_scale(tensor) if scale is None else scale
-                q = quantize(tensor, gs, check_finite=False)
+                q = quantize_without_sync(tensor, scale)  # no host sync per weight
                 if changes is not None:
                     changes.observe(name, q.data, q.scale)
                 yield name, dequantize(q, dtype=tensor.dtype).to(dtype)

@@ -38,12 +38,17 @@ def quantize(
     return quantize_reference(x, global_scale)
 
 
-def own_global_scale(x: torch.Tensor) -> torch.Tensor:
-    """``amax(|x|) / (6 * 448)`` as a device scalar (what ``global_scale=None`` computes, without
-    the host sync of its NaN/Inf check)."""
-    if not x.numel():  # an empty tensor has no amax; any scale quantizes it (to nothing)
-        return torch.ones((), dtype=torch.float32, device=x.device)
-    return global_scale_from_amax(x.detach().abs().amax())
+def quantize_without_sync(x: torch.Tensor, global_scale: torch.Tensor | None = None) -> NVFP4Tensor:
+    """:func:`quantize` as the training loop needs it (the QAT forward, the NVFP4 weight sync):
+    ``global_scale`` None is ``amax(|x|) / (6 * 448)`` computed on the device, and no NaN/Inf check,
+    so on a GPU nothing waits for it (a non-finite weight or input shows in the loss first).
+    Bit-identical to ``quantize(x, global_scale)`` for finite ``x``."""
+    if global_scale is None:
+        if x.numel():
+            global_scale = global_scale_from_amax(x.detach().abs().amax())
+        else:  # an empty tensor has no amax; any scale quantizes it (to nothing)
+            global_scale = torch.ones((), dtype=torch.float32, device=x.device)
+    return quantize(x, global_scale, check_finite=False)
 
 
 def dequantize(q: NVFP4Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
