@@ -103,21 +103,16 @@ def plan(repo: Path | None, work: Path, python: str = sys.executable, scale: flo
     """Every step, in order. ``scale`` multiplies each time limit (a slow first JIT, a cold cache)."""
     py = (python,)
     cli = (*py, "-m", "slime_gb10.cli")
-    grpo = (
-        "--steps",
-        "1",
-        "--prompts-per-step",
-        "2",
-        "--group-size",
-        "2",
-        "--max-new-tokens",
-        "16",
-        "--no-progress",
-        "--set",
-        "eval.every=0",
-        "--set",
-        "output.save_final_model=false",
-    )
+
+    def grpo_run(steps: int, prompts: int, group: int, new_tokens: int) -> tuple[str, ...]:
+        """`slime-gb10 train` arguments of a short run: no evals, no final model, no progress bar."""
+        return (
+            "--steps", str(steps), "--prompts-per-step", str(prompts), "--group-size", str(group),
+            "--max-new-tokens", str(new_tokens), "--no-progress",
+            "--set", "eval.every=0", "--set", "output.save_final_model=false",
+        )  # fmt: skip
+
+    grpo = grpo_run(1, 2, 2, 16)
     steps = [
         Step("cli-help", "`slime-gb10 --help` and `train --help`", (*cli, "train", "--help"), 60),
         Step("doctor", "`slime-gb10 doctor --json`", (*cli, "doctor", "--json"), 600, kind="doctor"),
@@ -201,25 +196,13 @@ def plan(repo: Path | None, work: Path, python: str = sys.executable, scale: flo
             (
                 *cli,
                 "train",
-                "--steps",
-                "30",
-                "--prompts-per-step",
-                "8",
-                "--group-size",
-                "8",
-                "--max-new-tokens",
-                "64",
-                "--no-progress",
+                *grpo_run(30, 8, 8, 64),
                 "--rollout",
                 "torch",
                 "--trainer",
                 "torch",
                 "--set",
                 "rollout.weights=nvfp4",
-                "--set",
-                "eval.every=0",
-                "--set",
-                "output.save_final_model=false",
                 "--output",
                 str(work / "grpo-nvfp4"),
             ),
