@@ -572,6 +572,33 @@ def test_grpo_backends_without_gpu_is_the_pytorch_path():
     assert result.status == "ok" and result.reason.startswith("auto = torch+torch")
 
 
+@pytest.mark.parametrize(
+    ("sglang", "megatron", "probe", "status"),
+    [
+        (False, True, gpu_probe(), "warn"),  # GB10 without SGLang: the PyTorch pair, said so
+        (True, True, gpu_probe(), "ok"),
+        (False, False, gpu_probe(capability=(9, 0), name="NVIDIA H100 80GB HBM3", integrated=False), "ok"),
+    ],
+)
+def test_grpo_backends_verdicts(monkeypatch, sglang, megatron, probe, status):
+    """The pair ``auto`` picks from what the probe child prints: a warning on a GB10 without the
+    production pair (the same reason, its caveat after a colon, and the fix), else ok."""
+    from slime_gb10.grpo import selfcheck
+
+    child = {"sglang": [sglang, "sglang why"], "megatron": [megatron, "megatron why"]}
+    monkeypatch.setattr(
+        selfcheck, "run_child_module", lambda module, timeout, *a, **k: ChildResult(0, "", "", child)
+    )
+    result = selfcheck.check_grpo_backends(DoctorContext(timeout_s=10, probe=probe))
+    pair = "sglang+megatron" if sglang and megatron else "torch+torch"
+    reason = f"auto = {pair} (sglang: sglang why; megatron: megatron why)"
+    assert result.status == status and result.details["pair"] == pair
+    if status == "warn":
+        assert result.reason == f"{reason}: GB10 runs best on sglang+megatron" and "nix develop" in result.fix
+    else:
+        assert result.reason == reason and result.fix is None
+
+
 def test_sglang_router_is_optional_but_a_broken_one_warns(tmp_path, monkeypatch):
     """One-GPU colocated runs never use the router: missing is a skip; an install whose import
     fails (blocker #12: the x86_64-only fork wheel) is a warning with the fix. Real packages on

@@ -49,6 +49,33 @@ def test_one_process_is_skipped_with_the_command_to_run(monkeypatch):
     assert result.status == "skip" and "torchrun --nproc-per-node N -m slime_gb10 doctor" in result.reason
 
 
+@pytest.mark.parametrize(
+    ("local", "state", "status"), [(2, "1: DOWN", "warn"), (2, "4: ACTIVE", "ok"), (4, "1: DOWN", "ok")]
+)
+def test_nccl_between_boxes_without_an_active_rdma_device_warns(monkeypatch, local, state, status):
+    """Two boxes of two ranks whose RDMA device is down: NCCL runs over sockets, a warning with the
+    ok line's reason and what to cable; one box (or an active device) is ok."""
+    from slime_gb10.platform import checks_distributed
+    from slime_gb10.platform.checks import ChildResult
+
+    data = {"correct": True, "backend": "nccl", "nccl_version": "2.27.7", "rank": 0}
+    data.update({"bytes": 64 << 20, "busbw_gbps": 1.5})
+    device = {"name": "rocep1s0f0", "ports": [{"port": "1", "state": state, "link_layer": "Ethernet"}]}
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local))
+    monkeypatch.setattr(checks_distributed, "rdma_devices", lambda: [device])
+    monkeypatch.setattr(checks_distributed, "run_child_module", lambda *a, **k: ChildResult(0, "", "", data))
+    result = check_distributed(DoctorContext())
+    reason = "rank 0 of 4: nccl 2.27.7, all-reduce of 64 MiB correct, 1.50 GB/s bus bandwidth; RDMA devices: "
+    reason += "rocep1s0f0" + (" (down)" if "DOWN" in state else "")
+    assert result.status == status and result.details["busbw_gbps"] == 1.5
+    if status == "warn":
+        caveat = "no active RDMA device, so NCCL between the boxes runs over TCP sockets"
+        assert result.reason == f"{reason}: {caveat}" and "ConnectX-7" in result.fix
+    else:
+        assert result.reason == reason and result.fix is None
+
+
 @pytest.mark.slow
 def test_two_doctors_under_torchrun_all_reduce_over_gloo(tmp_path):
     with socket.socket() as s:

@@ -35,12 +35,11 @@ def check_grpo_backends(ctx: DoctorContext) -> CheckResult:
     pair = grpo_backend_pair(sglang_ok, megatron_ok)
     reason = f"auto = {pair} (sglang: {sglang_why}; megatron: {megatron_why})"
     details = {"pair": pair, "sglang": child.data["sglang"], "megatron": child.data["megatron"]}
-    if ctx.gb10 and pair != "sglang+megatron":
-        return CheckResult.warn(
-            "grpo_backends",
-            f"{reason}: GB10 runs best on sglang+megatron",
-            "enter the flake's environment (`nix develop`), which builds both for sm_121a, "
-            "or pip install 'slime-gb10[sglang,megatron,te]'",
-            **details,
-        )
-    return CheckResult.ok("grpo_backends", reason, **details)
+    return CheckResult.ok_unless(
+        "grpo_backends",
+        reason,
+        "GB10 runs best on sglang+megatron" if ctx.gb10 and pair != "sglang+megatron" else None,
+        "enter the flake's environment (`nix develop`), which builds both for sm_121a, "
+        "or pip install 'slime-gb10[sglang,megatron,te]'",
+        **details,
+    )

@@ -61,6 +61,14 @@ class CheckResult:
     def fail(cls, name: str, reason: str, fix: str, **details) -> CheckResult:
         return cls(name, "fail", reason, fix, details)
 
+    @classmethod
+    def ok_unless(cls, name: str, reason: str, caveat: str | None, fix: str, **details) -> CheckResult:
+        """``ok`` with ``reason``; where there is a ``caveat``, a warning ``reason: caveat`` with ``fix``
+        (a check that passed, but not as well as it could here)."""
+        if caveat:
+            return cls.warn(name, f"{reason}: {caveat}", fix, **details)
+        return cls.ok(name, reason, **details)
+
 
 @dataclass
 class DoctorContext:

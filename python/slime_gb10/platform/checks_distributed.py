@@ -84,12 +84,12 @@ def check_distributed(ctx: DoctorContext) -> CheckResult:
         f"{data['busbw_gbps']:.2f} GB/s bus bandwidth; RDMA devices: {rdma}"
     )
     multi_node = world > int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-    if multi_node and data["backend"] == "nccl" and not any(_active(d) for d in devices):
-        return CheckResult.warn(
-            "distributed",
-            f"{reason}: no active RDMA device, so NCCL between the boxes runs over TCP sockets",
-            "cable and bring up the ConnectX-7 link, then set NCCL_IB_HCA and NCCL_SOCKET_IFNAME "
-            "(README, 'Several GPUs, two Sparks')",
-            **details,
-        )
-    return CheckResult.ok("distributed", reason, **details)
+    sockets = multi_node and data["backend"] == "nccl" and not any(_active(d) for d in devices)
+    return CheckResult.ok_unless(
+        "distributed",
+        reason,
+        "no active RDMA device, so NCCL between the boxes runs over TCP sockets" if sockets else None,
+        "cable and bring up the ConnectX-7 link, then set NCCL_IB_HCA and NCCL_SOCKET_IFNAME "
+        "(README, 'Several GPUs, two Sparks')",
+        **details,
+    )
