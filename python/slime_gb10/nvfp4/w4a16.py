@@ -116,15 +116,16 @@ def _sm_count(device: torch.device) -> int:
 ZERO_SCALE_CODE = 152
 
 
-def w4a16_scale_codes(scale: torch.Tensor) -> torch.Tensor:
+def w4a16_scale_codes(scale: torch.Tensor, *, check: bool = True) -> torch.Tensor:
     """E4M3 block scales -> the fused kernel's scale bytes (same size, exact, lossless).
 
     ``s * 2**119`` is a BF16 number for every E4M3 value s > 0 (exponent field 237..254, 3 mantissa
     bits); the code is ``(bits - (237 << 7)) >> 4``, which the kernel turns back into BF16 with one
     shift-and-add (the E4M3 subnormals would need a branch there; here they are just numbers).
+    ``check=False`` skips the check of the scales (a host sync) for a caller that checks them itself.
     """
     s = scale.view(torch.float8_e4m3fn).to(torch.float32)
-    if not bool(((s >= 0) & torch.isfinite(s)).all()):
+    if check and not bool(((s >= 0) & torch.isfinite(s)).all()):
         raise ValueError(
             "NVFP4 block scales must be finite and >= 0 (E4M3 bytes 0x00-0x7E); this weight has "
             "negative or NaN scales: re-quantize it"
@@ -497,6 +498,16 @@ def _wide_matmul(
     return out
 
 
+def fused_pays(x: torch.Tensor, N: int, K: int) -> bool:
+    """Whether a fused kernel beats dequantize + cuBLAS for ``x`` times an ``[N, K]`` weight
+    (:func:`fused_is_faster` with the kernels that run on ``x``'s device for its dtype)."""
+    M = x.numel() // max(x.shape[-1], 1)
+    bf16 = x.dtype == torch.bfloat16
+    return fused_is_faster(
+        M, N, K, cuda_kernel=bf16 and _cuda_engine_ok(x.device), wgmma=bf16 and _wgmma_engine_ok(x.device)
+    )
+
+
 def w4a16_linear(
     x: torch.Tensor,
     w: NVFP4Tensor,
@@ -512,15 +523,11 @@ def w4a16_linear(
     ``prepared`` is ``prepare_w4a16(w)`` kept by the caller (else prepared per fused call).
     Non-BF16 activations also take the dequantize + matmul path.
     """
-    M = x.numel() // max(x.shape[-1], 1)
     N, K = w.shape
     if fused_max_m is None:
-        bf16 = x.dtype == torch.bfloat16
-        fused = fused_is_faster(
-            M, N, K, cuda_kernel=bf16 and _cuda_engine_ok(x.device), wgmma=bf16 and _wgmma_engine_ok(x.device)
-        )
+        fused = fused_pays(x, N, K)
     else:
-        fused = fused_max_m >= M
+        fused = fused_max_m >= x.numel() // max(x.shape[-1], 1)
     if x.dtype == torch.bfloat16 and fused and w.data.is_contiguous() and w.scale.is_contiguous():
         return w4a16_matmul(x, prepared if prepared is not None else w, bias)
     weight = dequantize_triton(w, x.dtype) if triton_available() and x.is_cuda else None
