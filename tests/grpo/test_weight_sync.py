@@ -63,6 +63,50 @@ def test_transfer_dtype_rule():
     assert transfer_dtype_for("a.weight", torch.float16, None, DEFAULT_KEEP_FP32) == torch.float16
 
 
+def test_nvfp4_codes_travel_bit_exact_in_a_bf16_stream():
+    """An NVFP4 weight as ModelOpt stores it: codes (uint8) and E4M3 block scales keep their bytes
+    (a cast of the scales to BF16 would double their size), the FP32 weight_scale_2 stays FP32
+    (BF16 would round it: 1/3 is not a BF16 number), and the rest goes BF16 as before."""
+    bf16 = torch.bfloat16
+    assert (
+        transfer_dtype_for("a.weight_scale", torch.float8_e4m3fn, bf16, DEFAULT_KEEP_FP32)
+        == torch.float8_e4m3fn
+    )
+    assert transfer_dtype_for("a.weight_scale_2", torch.float32, bf16, DEFAULT_KEEP_FP32) == torch.float32
+    scale = (
+        torch.arange(0, 126, dtype=torch.uint8).view(torch.float8_e4m3fn).reshape(6, 21)
+    )  # every finite byte >= 0
+    tensors = {
+        "l.weight": torch.randint(0, 256, (6, 168), dtype=torch.uint8),
+        "l.weight_scale": scale,
+        "l.weight_scale_2": torch.tensor(1 / 3, dtype=torch.float32),
+        "norm.weight": torch.randn(7),
+    }
+    out = roundtrip(tensors, bucket_bytes=256)
+    for name in ("l.weight", "l.weight_scale", "l.weight_scale_2"):
+        assert out[name].dtype == tensors[name].dtype and raw_bytes(out[name]) == raw_bytes(tensors[name]), (
+            name
+        )
+    assert out["norm.weight"].dtype == bf16
+
+
+def test_a_receiver_of_codes_refuses_rounded_scales():
+    """8-bit float scales are bits, not numbers to round: check_metadata takes E4M3 only as E4M3
+    (BF16 into an E4M3 buffer, or E4M3 into a BF16 one, is refused; other floats still cast)."""
+    from slime_gb10.grpo.weight_sync import check_metadata
+
+    named = [("s", torch.zeros(2, 4, dtype=torch.bfloat16)), ("w", torch.zeros(3, dtype=torch.float8_e4m3fn))]
+    metadata = [meta for meta, _ in plan_chunks(named, bucket_bytes=1 << 20, transfer_dtype=None)]
+    expected = {"s": ((2, 4), torch.float8_e4m3fn), "w": ((3,), torch.bfloat16)}
+    with pytest.raises(WeightSyncError) as info:
+        check_metadata(metadata, expected, receiver="engine")
+    assert "'s': dtype bfloat16 streamed, float8_e4m3fn" in str(info.value)
+    assert "'w': dtype float8_e4m3fn streamed, bfloat16" in str(info.value)
+    check_metadata(
+        metadata, {"s": ((2, 4), torch.float32), "w": ((3,), torch.float8_e4m3fn)}, receiver="engine"
+    )
+
+
 def test_plan_layout_alignment_and_buckets():
     tensors = mixed_tensors()
     metas = [meta for meta, _ in plan_chunks(tensors.items(), bucket_bytes=512, alignment=256)]

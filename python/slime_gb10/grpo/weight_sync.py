@@ -18,7 +18,9 @@ reward 0, no crash -- or a collective deadlocks. Here:
   mismatch).
 - Tensors matching a keep-FP32 pattern (default ``*e_score_correction_bias``, the MoE router
   bias whose per-expert offsets of ~1e-3 vanish under BF16 rounding at magnitudes ~25-57) travel
-  in float32; other floating tensors in ``transfer_dtype``; integer/bool buffers keep their dtype.
+  in float32, as does an NVFP4 weight's ``weight_scale_2`` (its global scale, FP32 in ModelOpt's
+  format); other floating tensors in ``transfer_dtype``; 8-bit floats (NVFP4 block scales) and
+  integer/bool buffers keep their dtype.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from dataclasses import dataclass
 
 import torch
 
-DEFAULT_KEEP_FP32: tuple[str, ...] = ("*e_score_correction_bias",)
+DEFAULT_KEEP_FP32: tuple[str, ...] = ("*e_score_correction_bias", "*.weight_scale_2")
+#: Floating dtypes that are a format's bits, not numbers to round: they travel as they are
+EXACT_DTYPES = frozenset({torch.float8_e4m3fn, torch.float8_e5m2})
 
 
 class WeightSyncError(RuntimeError):
@@ -88,9 +92,9 @@ def transfer_dtype_for(
 
     float32 for names matching a ``keep_fp32`` pattern (fnmatch, case-sensitive), ``transfer_dtype``
     for other floating tensors (``None``: their own dtype), the tensor's own dtype otherwise
-    (integer and bool buffers).
+    (integer and bool buffers, 8-bit floats: :data:`EXACT_DTYPES`).
     """
-    if not dtype.is_floating_point:
+    if not dtype.is_floating_point or dtype in EXACT_DTYPES:
         return dtype
     if any(fnmatch.fnmatchcase(name, pattern) for pattern in keep_fp32):
         return torch.float32
@@ -167,7 +171,7 @@ def check_metadata(
 
     ``expected`` maps each receiving tensor's name to ``(shape, dtype)`` (dtype None: any floating
     type). Every streamed name must exist there with the same shape and a compatible dtype
-    (floating into floating, else the same), and every expected name except ``optional`` ones must
+    (floating into floating but for :data:`EXACT_DTYPES`, else the same), and every expected name except ``optional`` ones must
     be streamed. All problems are collected into one :class:`WeightSyncError` naming
     ``receiver``, so a mismatch never leaves a model half overwritten.
     """
@@ -188,11 +192,7 @@ def check_metadata(
                     f"'{t.name}': shape {tuple(t.shape)} streamed, {tuple(shape)} in the {receiver}"
                 )
             sent = dtype_from_name(t.dtype)
-            if (
-                dtype is not None
-                and sent != dtype
-                and not (sent.is_floating_point and dtype.is_floating_point)
-            ):
+            if dtype is not None and sent != dtype and not _castable(sent, dtype):
                 problems.append(
                     f"'{t.name}': dtype {t.dtype} streamed, {dtype_name(dtype)} in the {receiver}"
                 )
@@ -202,6 +202,12 @@ def check_metadata(
     if problems:
         shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
         raise WeightSyncError(f"weight sync refused before writing anything: {shown}")
+
+
+def _castable(sent: torch.dtype, dtype: torch.dtype) -> bool:
+    """Whether a tensor sent as ``sent`` may be copied into one of ``dtype`` (a rounding cast)."""
+    numbers = sent.is_floating_point and dtype.is_floating_point
+    return numbers and sent not in EXACT_DTYPES and dtype not in EXACT_DTYPES
 
 
 def _first_mismatch(streamed: Sequence[str], expected: Sequence[str]) -> str | None:
