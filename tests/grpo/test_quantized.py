@@ -325,13 +325,18 @@ def test_nvfp4_rollouts_with_a_bf16_trainer_are_warned_about(tiny_dir, tokenizer
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_an_nvfp4_rollout_samples_from_the_model_holding_the_dequantized_weights(tiny_dir, tokenizer, device):
+@pytest.mark.parametrize("engine_weights", ["bf16", "nvfp4"])
+def test_an_nvfp4_rollout_samples_from_the_model_holding_the_dequantized_weights(
+    tiny_dir, tokenizer, device, engine_weights
+):
     """The engine after an NVFP4 sync (its own kernels; on a GPU in BF16 with its CUDA-graphed decode)
     against a plain Hugging Face forward of a model holding the round-tripped weights: the sampled
     tokens' logprobs agree within the engine dtype's rounding (1e-4 in FP32 on a CPU; 0.1 in BF16,
     where the engine's fused kernels and the HF forward round differently; a sync that left the
     weights unquantized misses by ~3 on this model), and greedy decoding picks the reference's
-    argmax except where its two best logits are within that tolerance (a near-tie)."""
+    argmax except where its two best logits are within that tolerance (a near-tie). Both engines:
+    one that receives the dequantized values (bf16), one that receives the codes and decodes from
+    them (nvfp4: the W4A16 kernel on a GPU, the reference dequantization on a CPU)."""
     from slime_gb10.grpo.backends.torch_backend import TorchPolicyBackend
     from slime_gb10.grpo.config import TrainConfig
     from slime_gb10.grpo.engines.torch.engine import TorchRolloutEngine
@@ -339,15 +344,26 @@ def test_an_nvfp4_rollout_samples_from_the_model_holding_the_dequantized_weights
 
     dtype, tol = (torch.float32, 1e-4) if device == "cpu" else (torch.bfloat16, 1e-1)
     trainer = load_causal_lm(tiny_dir, dtype=torch.float32)
+    with torch.no_grad():  # "trained": the engine's own (quantized) start would not pass for the sync
+        generator = torch.Generator().manual_seed(7)
+        for param in trainer.parameters():
+            param.add_(0.05 * torch.randn(param.shape, generator=generator))
+    trained = {name: p.detach().clone() for name, p in trainer.named_parameters()}
     backend = TorchPolicyBackend(
         trainer, tokenizer, device, train=TrainConfig(), rollout_weights="nvfp4", transfer_dtype=dtype
     )
     engine_model = load_causal_lm(tiny_dir, dtype=dtype)
-    engine = TorchRolloutEngine(engine_model, tokenizer, device, eos_token_ids=[])  # runs to the cap
-    engine.update_weights(backend.export_weights(1 << 20))
+    # on a CPU "auto" is the HF forward, which decodes from the BF16 values: the static decoder's
+    # one-token steps are where the codes are multiplied
+    decode = "static" if device == "cpu" else "auto"
+    engine = TorchRolloutEngine(  # no stop token: runs to the cap
+        engine_model, tokenizer, device, eos_token_ids=[], decode=decode, weights=engine_weights
+    )
+    assert engine.receives_nvfp4_codes == (engine_weights == "nvfp4")
+    engine.update_weights(backend.export_weights(1 << 20, nvfp4_codes=engine.receives_nvfp4_codes))
     reference = load_causal_lm(tiny_dir, dtype=torch.float32)  # the round trip by the CPU reference
-    cpu_params = ((n, p.detach()) for n, p in reference.named_parameters())
-    synced = dict(rollout_weights(reference, cpu_params, torch.float32))
+    reference.load_state_dict(trained, strict=False)
+    synced = dict(rollout_weights(reference, trained.items(), torch.float32))
     reference.load_state_dict(synced, strict=False)
     reference = reference.to(device=device, dtype=dtype).eval()
 

@@ -86,6 +86,10 @@ class Generation:
 class RolloutEngine(abc.ABC):
     """Generates completions with per-token logprobs; receives new weights; can hand memory back."""
 
+    #: Whether ``update_weights`` takes the NVFP4-quantized layers as their codes
+    #: (``rollout.weights: nvfp4`` on the torch engine, which decodes from them)
+    receives_nvfp4_codes: bool = False
+
     @abc.abstractmethod
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
         """One :class:`Generation` per prompt, in order. Callers repeat a prompt G times for a group."""
@@ -175,8 +179,9 @@ class PolicyBackend(abc.ABC):
         return {}
 
     @abc.abstractmethod
-    def export_weights(self, bucket_bytes: int) -> WeightStream:
-        """The current weights, in Hugging Face names, as a chunk stream for ``RolloutEngine.update_weights``."""
+    def export_weights(self, bucket_bytes: int, *, nvfp4_codes: bool = False) -> WeightStream:
+        """The current weights, in Hugging Face names, as a chunk stream for ``RolloutEngine.update_weights``
+        (``nvfp4_codes``: NVFP4 layers as their codes, for an engine that ``receives_nvfp4_codes``)."""
 
     @abc.abstractmethod
     def state_dict(self) -> dict:

@@ -111,9 +111,16 @@ def rollout_weights(
     changes: CodeChanges | None = None,
     *,
     metadata_only: bool = False,
+    codes: bool = False,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """``named_tensors`` (the model's parameters by name) with each selected layer's weight replaced
     by its NVFP4 round trip, cast to ``dtype``; every other tensor as it is.
+
+    ``codes``: each selected weight ``<layer>.weight`` travels as a ModelOpt checkpoint stores it
+    instead, three tensors: ``<layer>.weight`` (packed E2M1 codes, uint8 ``[N, K/2]``),
+    ``<layer>.weight_scale`` (E4M3 ``[N, K/16]``) and ``<layer>.weight_scale_2`` (FP32 scalar), for
+    an engine that decodes from the codes (:mod:`slime_gb10.nvfp4.decode_weights`), 9/32 of the
+    BF16 bytes.
 
     The round trip is taken in the master weights' own precision, as the QAT forward takes it (under
     BF16 autocast a layer's input, and so its weight's fake quantization, stays FP32: the autocast
@@ -124,12 +131,24 @@ def rollout_weights(
     and dtypes with nothing computed (the quantized weights as ``meta`` tensors), for the weight
     stream's first pass, which plans the buckets (quantizing there too cost a second round trip
     of every weight per sync, and counted each sync's codes twice)."""
+    from slime_gb10.nvfp4.format import BLOCK_SIZE
     from slime_gb10.nvfp4.ops import dequantize, quantize_without_sync
 
     if metadata_only:
         quantized = _global_scales(model, names_only=True)
         for name, tensor in named_tensors:
-            yield name, torch.empty(tensor.shape, dtype=dtype, device="meta") if name in quantized else tensor
+            if name not in quantized:
+                yield name, tensor
+            elif codes:
+                rows, k = tensor.shape
+                yield name, torch.empty((rows, k // 2), dtype=torch.uint8, device="meta")
+                yield (
+                    f"{name}_scale",
+                    torch.empty((rows, k // BLOCK_SIZE), dtype=torch.float8_e4m3fn, device="meta"),
+                )
+                yield f"{name}_scale_2", torch.empty((), dtype=torch.float32, device="meta")
+            else:
+                yield name, torch.empty(tensor.shape, dtype=dtype, device="meta")
         return
     scales = _global_scales(model)
     if changes is not None:
@@ -139,11 +158,21 @@ def rollout_weights(
             scale = scales.get(name, _KEEP)
             if scale is _KEEP:
                 yield name, tensor
+                continue
+            q = quantize_without_sync(tensor, scale)  # no host sync per weight
+            if changes is not None:
+                changes.observe(name, q.data, q.scale)
+            if codes:
+                yield name, q.data
+                yield f"{name}_scale", q.scale
+                yield f"{name}_scale_2", q.global_scale.reshape(()).float()
             else:
-                q = quantize_without_sync(tensor, scale)  # no host sync per weight
-                if changes is not None:
-                    changes.observe(name, q.data, q.scale)
                 yield name, dequantize(q, dtype=tensor.dtype).to(dtype)
+
+
+def code_names(weight_name: str) -> tuple[str, str, str]:
+    """The three stream names of a weight that travels as NVFP4 codes (:func:`rollout_weights`)."""
+    return weight_name, f"{weight_name}_scale", f"{weight_name}_scale_2"
 
 
 def plain_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -156,7 +156,10 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ helpers
     def _sync_weights(self) -> float:
         start = time.perf_counter()
-        self.engine.update_weights(self.backend.export_weights(self.config.rollout.weight_bucket_mb * 2**20))
+        stream = self.backend.export_weights(
+            self.config.rollout.weight_bucket_mb * 2**20, nvfp4_codes=self.engine.receives_nvfp4_codes
+        )
+        self.engine.update_weights(stream)
         return time.perf_counter() - start
 
     def _snapshot(self) -> dict:

@@ -293,7 +293,7 @@ class TorchPolicyBackend(PolicyBackend):
         return TrainStepResult(loss=total_loss, grad_norm=grad_norm, metrics=metrics)
 
     # ---------------------------------------------------------------- weights / checkpoints
-    def export_weights(self, bucket_bytes: int):
+    def export_weights(self, bucket_bytes: int, *, nvfp4_codes: bool = False):
         from slime_gb10.grpo.weight_sync import WeightStream
 
         def named_tensors(metadata_only: bool = False):
@@ -302,7 +302,12 @@ class TorchPolicyBackend(PolicyBackend):
                 from slime_gb10.grpo.quantized import rollout_weights
 
                 named = rollout_weights(
-                    self.model, named, self.transfer_dtype, self._code_changes, metadata_only=metadata_only
+                    self.model,
+                    named,
+                    self.transfer_dtype,
+                    self._code_changes,
+                    metadata_only=metadata_only,
+                    codes=nvfp4_codes,
                 )
             yield from named
 

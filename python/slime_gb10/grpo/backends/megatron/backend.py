@@ -189,8 +189,11 @@ class MegatronPolicyBackend(PolicyBackend):
         """The current weights under Hugging Face names (contiguous copies of the split views)."""
         return megatron_to_hf(megatron_state(self.model), self.arch, self.flavor)
 
-    def export_weights(self, bucket_bytes: int):
+    def export_weights(self, bucket_bytes: int, *, nvfp4_codes: bool = False):
         from slime_gb10.grpo.weight_sync import WeightStream
+
+        if nvfp4_codes:  # rollout.weights=nvfp4 is the PyTorch backend's (the config says so)
+            raise ValueError("the Megatron backend exports BF16 weights only, not NVFP4 codes")
 
         named = hf_named_tensors_fn(lambda: megatron_state(self.model), self.arch, self.flavor)
         return WeightStream(named, bucket_bytes=bucket_bytes, transfer_dtype=self.transfer_dtype)

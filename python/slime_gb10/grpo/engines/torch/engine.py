@@ -110,7 +110,9 @@ class _GraphedStep:
         return self.decoder.step(self.input_ids, self.position_ids, self.cache_position, mask)
 
     def capture(self, length: int) -> None:
-        """Warm up on a side stream, then capture (inputs must already hold a valid step)."""
+        """Warm up on a side stream, then capture on it (inputs must already hold a valid step).
+        The same stream for both: the W4A16 Triton kernel's split-K tile counters are kept per
+        stream and made on first use, which must not happen inside a capture."""
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -120,7 +122,7 @@ class _GraphedStep:
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        with torch.cuda.graph(graph, pool=self.pool, stream=stream):
             logits = self.run(length)
         self.graphs[length] = (graph, logits)
 
@@ -141,6 +143,7 @@ class TorchRolloutEngine(RolloutEngine):
         generation_batch_size: int | None = None,
         decode: str = "auto",
         compile_decode: bool | None = None,
+        weights: str = "bf16",
     ):
         self.model = model.eval().requires_grad_(False)
         self.tokenizer = tokenizer
@@ -169,6 +172,16 @@ class TorchRolloutEngine(RolloutEngine):
         self.decode = decode
         if decode != "dynamic":
             fuse_projections(self.model)
+        if weights not in ("bf16", "nvfp4"):
+            raise ValueError(f"weights must be bf16 or nvfp4, got {weights!r}")
+        # NVFP4 rollouts: decode steps multiply by the 4-bit codes (W4A16) that each sync delivers;
+        # the HF forward (decode=dynamic) has no place for them and decodes from their BF16 values
+        self.codes = None
+        if weights == "nvfp4" and decode != "dynamic":
+            from slime_gb10.grpo.engines.torch.nvfp4_weights import EngineCodes
+
+            self.codes = EngineCodes(self.model, self._params)
+            self.codes.quantize_own_weights()
         # None: compile where it was measured to pay (issue #27: shape B's rollout 2.18 -> 1.20 s on an
         # H100), i.e. with CUDA graphs; on a CPU the compile costs more than it saves in a short run
         if compile_decode is None:
@@ -456,15 +469,20 @@ class TorchRolloutEngine(RolloutEngine):
     # ---------------------------------------------------------------- weights & memory
     @torch.no_grad()
     def update_weights(self, stream) -> None:
+        from slime_gb10.grpo.engines.torch.nvfp4_weights import check_stream_form
         from slime_gb10.grpo.weight_sync import check_metadata, receive
 
-        check_metadata(
-            stream.metadata,
-            {name: (tuple(p.shape), p.dtype) for name, p in self._params.items()},
-            receiver="rollout engine's model",
-        )
+        check_stream_form(stream.names, expects_codes=self.codes is not None)
+        expected = {name: (tuple(p.shape), p.dtype) for name, p in self._params.items()}
+        if self.codes is not None:  # the quantized layers arrive as NVFP4 codes
+            expected = {n: v for n, v in expected.items() if not self.codes.owns(n)} | self.codes.expected()
+        check_metadata(stream.metadata, expected, receiver="rollout engine's model")
         seen = set()
         for name, tensor in receive(stream, device=self.device):
+            if self.codes is not None and self.codes.owns(name):
+                self.codes.receive(name, tensor)
+                seen.add(name)
+                continue
             param = self._params.get(name)
             if param is None:
                 raise KeyError(
@@ -476,11 +494,17 @@ class TorchRolloutEngine(RolloutEngine):
                 )
             param.copy_(tensor)
             seen.add(name)
-        missing = set(self._params) - seen
+        missing = set(expected) - seen
         if missing:
             raise KeyError(
                 f"the weight stream did not carry {len(missing)} parameters, e.g. {sorted(missing)[:3]}"
             )
+        if self.codes is not None:
+            self.codes.finish()
+
+    @property
+    def receives_nvfp4_codes(self) -> bool:
+        return self.codes is not None
 
     def sleep(self) -> None:
         """Nothing to hand over: the engine and the trainer share one process and one caching
@@ -561,4 +585,5 @@ def build_engine(config, tokenizer, device) -> TorchRolloutEngine:
         generation_batch_size=config.rollout.generation_batch_size,
         decode=config.rollout.decode,
         compile_decode=config.rollout.compile_decode,
+        weights=config.rollout.weights,
     )

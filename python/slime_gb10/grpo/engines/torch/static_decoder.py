@@ -4,14 +4,19 @@
 embedding) with shape-static ops and no host syncs, so a one-token step can be compiled and captured
 as a CUDA graph (:mod:`~slime_gb10.grpo.engines.torch.engine` does both); :func:`fuse_projections`
 puts each layer's q/k/v and gate/up weights in one matrix each. On a GPU a one-token step attends
-through :mod:`~slime_gb10.grpo.engines.torch.decode_attention`'s kernels.
+through :mod:`~slime_gb10.grpo.engines.torch.decode_attention`'s kernels. With NVFP4 rollouts
+(:func:`attach_decode_weights`) a one-token step multiplies by the layers' 4-bit codes through the
+fused W4A16 kernel wherever that beats a BF16 GEMM at the batch's M.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from slime_gb10.grpo.engines.torch import decode_attention
+from slime_gb10.nvfp4.decode_weights import DecodeWeight, decode_linear, decode_pays
 
 STATIC_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -83,6 +88,9 @@ def _splits_for(weight: torch.Tensor | None, splits: int) -> int:
 
 FUSED_QKV = "_slime_gb10_qkv"
 FUSED_GATE_UP = "_slime_gb10_gate_up"
+#: the module attribute holding the NVFP4 codes a decode step multiplies by (attach_decode_weights):
+#: on the attention for its fused q/k/v, on the MLP for its fused gate/up, on o_proj and down_proj
+DECODE_WEIGHT = "_slime_gb10_nvfp4"
 
 
 @torch.no_grad()
@@ -125,6 +133,50 @@ def fuse_projections(model) -> int:
         if all(isinstance(p, torch.nn.Linear) and p.bias is None for p in gate_up) and hasattr(mlp, "act_fn"):
             setattr(mlp, FUSED_GATE_UP, fuse(gate_up)[0])
     return fused_layers
+
+
+@torch.no_grad()
+def attach_decode_weights(model, names: Iterable[str]) -> dict[str, DecodeWeight]:
+    """NVFP4 buffers for the linear layers ``names`` (qualified module names; call after
+    :func:`fuse_projections`), by weight name (``<layer>.weight``). Fused q/k/v and gate/up get one
+    buffer each, whose rows the siblings' entries view, as the fused BF16 matrix does; the buffers a
+    decode step reads are attached to the modules under :data:`DECODE_WEIGHT`. Zero-filled: the
+    caller loads them (the engine: from its own weights, then at each weight sync)."""
+    names = set(names)
+    device = next(model.parameters()).device
+    modules = dict(model.named_modules())
+    qualified = {module: name for name, module in modules.items()}
+    weights: dict[str, DecodeWeight] = {}
+
+    def fused(owner, siblings, matrix) -> None:
+        if matrix is None or not all(qualified.get(m) in names for m in siblings):
+            return
+        whole = DecodeWeight(tuple(matrix.shape), device)
+        setattr(owner, DECODE_WEIGHT, whole)
+        start = 0
+        for module in siblings:
+            rows = module.weight.shape[0]
+            weights[f"{qualified[module]}.weight"] = whole.rows(start, start + rows)
+            start += rows
+
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv = getattr(attn, FUSED_QKV, None)
+        fused(attn, [attn.q_proj, attn.k_proj, attn.v_proj], qkv[0] if qkv else None)
+        fused(mlp, [mlp.gate_proj, mlp.up_proj], getattr(mlp, FUSED_GATE_UP, None))
+        for module in (attn.o_proj, mlp.down_proj):
+            if qualified.get(module) in names:
+                setattr(module, DECODE_WEIGHT, DecodeWeight(tuple(module.weight.shape), device))
+                weights[f"{qualified[module]}.weight"] = getattr(module, DECODE_WEIGHT)
+    for name in names:  # layers the decoder does not take apart: their BF16 copy serves
+        weights.setdefault(f"{name}.weight", DecodeWeight(tuple(modules[name].weight.shape), device))
+    return weights
+
+
+def _codes(owner, x: torch.Tensor) -> DecodeWeight | None:
+    """The NVFP4 weight a one-token step multiplies ``x`` by on ``owner``, where it pays."""
+    weight = getattr(owner, DECODE_WEIGHT, None)
+    return weight if weight is not None and decode_pays(x, weight) else None
 
 
 class StaticDecoder:
@@ -193,7 +245,10 @@ class StaticDecoder:
                 # and attends (decode_attention.decode_step)
                 weight, bias = fused
                 splits = _splits_for(weight, self.qkv_splits) if self.qkv_splits > 1 else 1
-                if splits > 1:  # the kernel sums the partial products and adds the bias
+                codes = _codes(attn, x)
+                if codes is not None:  # NVFP4 rollouts: the fused W4A16 kernel
+                    qkv, bias = decode_linear(x, codes, bias).view(batch, -1), None
+                elif splits > 1:  # the kernel sums the partial products and adds the bias
                     qkv = split_k_partials(x, weight, splits)
                 else:
                     qkv, bias = torch.nn.functional.linear(x, weight, bias).view(batch, -1), None
@@ -212,9 +267,10 @@ class StaticDecoder:
             else:
                 out = self._attention(i, attn, x, fused, cos, sin, cache_position, attention_mask, scale)
             out = out.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim)
-            o_splits, down_splits = (self.o_splits, self.down_splits) if length == 1 else (1, 1)
-            hidden = residual + self._linear(attn.o_proj, out, o_splits)
-            hidden = hidden + self._mlp(layer.mlp, layer.post_attention_layernorm(hidden), down_splits)
+            one = length == 1
+            o_splits, down_splits = (self.o_splits, self.down_splits) if one else (1, 1)
+            hidden = residual + self._linear(attn.o_proj, out, o_splits, one)
+            hidden = hidden + self._mlp(layer.mlp, layer.post_attention_layernorm(hidden), down_splits, one)
         last = self.norm(hidden[:, -1, :])
         return self.lm_head(last)
 
@@ -224,7 +280,10 @@ class StaticDecoder:
         or SDPA (the prefill, and where the kernel does not run)."""
         batch, length = x.shape[:2]
         span = attention_mask.shape[-1]
-        if fused is not None:  # one GEMM for q, k and v (see fuse_projections)
+        codes = _codes(attn, x) if length == 1 and fused is not None else None
+        if codes is not None:  # NVFP4 rollouts: the fused W4A16 kernel
+            q, k, v = decode_linear(x, codes, fused[1]).split(self.splits, dim=-1)
+        elif fused is not None:  # one GEMM for q, k and v (see fuse_projections)
             q, k, v = torch.nn.functional.linear(x, *fused).split(self.splits, dim=-1)
         else:
             q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
@@ -255,16 +314,22 @@ class StaticDecoder:
         )
 
     @staticmethod
-    def _linear(linear, x: torch.Tensor, splits: int) -> torch.Tensor:
-        """``linear(x)``, over ``splits`` slices of K where the weight allows (:func:`split_k_linear`)."""
+    def _linear(linear, x: torch.Tensor, splits: int, one_token: bool = False) -> torch.Tensor:
+        """``linear(x)``, over ``splits`` slices of K where the weight allows (:func:`split_k_linear`);
+        in a one-token step by the layer's NVFP4 codes where it has them and they pay."""
+        codes = _codes(linear, x) if one_token else None
+        if codes is not None:
+            return decode_linear(x, codes, linear.bias)
         if splits > 1:
             splits = _splits_for(linear.weight, splits) if isinstance(linear, torch.nn.Linear) else 1
         return split_k_linear(x, linear, splits) if splits > 1 else linear(x)
 
     @classmethod
-    def _mlp(cls, mlp, x: torch.Tensor, down_splits: int = 1) -> torch.Tensor:
+    def _mlp(cls, mlp, x: torch.Tensor, down_splits: int = 1, one_token: bool = False) -> torch.Tensor:
         fused = getattr(mlp, FUSED_GATE_UP, None)
         if fused is None:
             return mlp(x)
-        gate, up = torch.nn.functional.linear(x, fused).chunk(2, dim=-1)
-        return cls._linear(mlp.down_proj, mlp.act_fn(gate) * up, down_splits)
+        codes = _codes(mlp, x) if one_token else None
+        gate_up = decode_linear(x, codes) if codes is not None else torch.nn.functional.linear(x, fused)
+        gate, up = gate_up.chunk(2, dim=-1)
+        return cls._linear(mlp.down_proj, mlp.act_fn(gate) * up, down_splits, one_token)
