@@ -65,6 +65,10 @@ def test_tiny_llama_by_hand():
     linear = LAYERS * (H * H + 2 * H * (KV_HEADS * HEAD_DIM) + H * H + 3 * H * MLP)
     nvfp4 = mp.estimate(config(**{"rollout.weights": "nvfp4"}), llama(), device="cuda")
     assert nvfp4.parts["NVFP4 sync codes"] == linear * 9 // 16 and "NVFP4 sync codes" not in gpu.parts
+    # ... and the torch engine, decoding from the codes, holds codes, scales and scale codes: 10/16 byte
+    assert nvfp4.parts["NVFP4 engine codes"] == linear * 10 // 16 and "NVFP4 engine codes" not in gpu.parts
+    on_cpu = mp.estimate(config(**{"rollout.weights": "nvfp4"}), llama(), device="cpu")
+    assert "NVFP4 engine codes" not in on_cpu.parts  # "auto" on a CPU: the HF forward, no codes
 
 
 @pytest.mark.parametrize(

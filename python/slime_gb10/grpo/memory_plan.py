@@ -147,12 +147,23 @@ def rollout_weight_bytes(params: int, value_bytes: int) -> int:
     return params * value_bytes
 
 
+def nvfp4_weights(s: Shapes) -> int:
+    """The weights ``rollout.weights: nvfp4`` quantizes, the decoder's linear layers:
+    ``layers x (2 h (heads + kv_heads) head_dim + 3 h i)``."""
+    per_layer = 2 * s.hidden * (s.heads + s.kv_heads) * s.head_dim + 3 * s.hidden * s.intermediate
+    return s.layers * per_layer
+
+
 def nvfp4_sync_bytes(s: Shapes) -> int:
     """``rollout.weights: nvfp4``: the last sync's codes and block scales, kept to count what the
-    next sync changes (``quantized.CodeChanges``): 9/16 byte per weight of the decoder's linear
-    layers, ``layers x (2 h (heads + kv_heads) head_dim + 3 h i)`` weights."""
-    per_layer = 2 * s.hidden * (s.heads + s.kv_heads) * s.head_dim + 3 * s.hidden * s.intermediate
-    return s.layers * per_layer * 9 // 16
+    next sync changes (``quantized.CodeChanges``): 9/16 byte per quantized weight."""
+    return nvfp4_weights(s) * 9 // 16
+
+
+def nvfp4_engine_bytes(s: Shapes) -> int:
+    """The torch engine's NVFP4 codes, beside its BF16 copy (``engines/torch/nvfp4_weights.py``): codes,
+    block scales and the fused kernel's scale codes, 10/16 byte per quantized weight."""
+    return nvfp4_weights(s) * 10 // 16
 
 
 def kv_cache_bytes(s: Shapes, rows: int, tokens: int, value_bytes: int) -> int:
@@ -373,6 +384,7 @@ def estimate(
         "reference model": reference_bytes(n, trainer) if with_reference else 0,
         "rollout weights": rollout_weight_bytes(n, engine_bytes),
         "NVFP4 sync codes": nvfp4_sync_bytes(s) if roll.weights == "nvfp4" else 0,
+        "NVFP4 engine codes": nvfp4_engine_bytes(s) if roll.weights == "nvfp4" and static else 0,
         "KV cache": static_kv,
         "overhead": CUDA_OVERHEAD_BYTES if gpu else 0,
     }
