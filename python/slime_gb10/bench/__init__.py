@@ -1,4 +1,4 @@
-"""``slime-gb10 bench ...``: the one home of the benchmarks (``grpo``, ``nvfp4``), each measuring the
+"""``slime-gb10 bench ...``: the one home of the benchmarks (``decode``, ``grpo``, ``nvfp4``), each measuring the
 device ceilings (:mod:`~slime_gb10.bench.ceilings`) in the same run. Above the code they measure:
 nothing in ``grpo``, ``nvfp4`` or ``platform`` imports them."""
 
@@ -9,6 +9,7 @@ import click
 from slime_gb10.cli import LazyGroup
 
 BENCHMARKS = {
+    "decode": "slime_gb10.bench.decode:bench_decode_command",
     "grpo": "slime_gb10.bench.grpo:bench_grpo_command",
     "nvfp4": "slime_gb10.bench.nvfp4:bench_nvfp4_command",
 }
