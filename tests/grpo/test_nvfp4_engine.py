@@ -51,7 +51,7 @@ def trained_backend(tiny_dir, tokenizer, device, dtype):
 
 
 def nvfp4_engine(tiny_dir, tokenizer, device, dtype, **kwargs):
-    model = load_causal_lm(tiny_dir, dtype=dtype)
+    model = load_causal_lm(tiny_dir, dtype=dtype).to(device)
     decode = "static" if device == "cpu" else "cuda_graph"
     return TorchRolloutEngine(
         model, tokenizer, device, eos_token_ids=[], decode=decode, weights="nvfp4", **kwargs
@@ -116,6 +116,9 @@ def test_decode_steps_multiply_the_codes_and_the_prefill_the_bf16_values(tiny_di
     if device == "cuda":
         assert engine.decode == "cuda_graph" and engine.graph_fallback is None
         assert engine._graphs, "no decode step was captured"
+        # compiled with the op inside (a traced kernel choice once loaded NVRTC under dynamo, and
+        # the engine fell back to the uncompiled step: half the speed on shape B)
+        assert engine.compile_decode
     getattr(engine.model.model.layers[0].mlp.down_proj, DECODE_WEIGHT).data.zero_()
     after = engine.generate(prompts, forced)
     for b, a in zip(before, after, strict=True):

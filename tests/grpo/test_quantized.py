@@ -352,7 +352,7 @@ def test_an_nvfp4_rollout_samples_from_the_model_holding_the_dequantized_weights
     backend = TorchPolicyBackend(
         trainer, tokenizer, device, train=TrainConfig(), rollout_weights="nvfp4", transfer_dtype=dtype
     )
-    engine_model = load_causal_lm(tiny_dir, dtype=dtype)
+    engine_model = load_causal_lm(tiny_dir, dtype=dtype).to(device)
     # on a CPU "auto" is the HF forward, which decodes from the BF16 values: the static decoder's
     # one-token steps are where the codes are multiplied
     decode = "static" if device == "cpu" else "auto"

@@ -70,8 +70,8 @@ def step_weight_bytes(engine, batch: int) -> int:
         codes = getattr(module, DECODE_WEIGHT, None)
         if codes is None:
             continue
-        x = torch.empty((batch, 1, codes.shape[1]), dtype=torch.bfloat16, device="cuda")
-        total += codes.nbytes if decode_pays(x, codes) else 2 * codes.shape.numel()
+        pays = decode_pays(codes, batch, torch.bfloat16, codes.data.device)
+        total += codes.nbytes if pays else 2 * codes.shape.numel()
         # the weights these codes stand for: fused q/k/v on the attention, gate/up on the MLP
         parts = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
         covered = [getattr(module, n).weight for n in parts if hasattr(module, n)] or [module.weight]

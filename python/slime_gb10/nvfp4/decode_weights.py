@@ -108,13 +108,14 @@ def decode_linear(x: torch.Tensor, weight: DecodeWeight, bias: torch.Tensor | No
     return _w4a16_linear(x, weight.data, weight.scale, weight.scale_codes, weight.global_scale, bias)
 
 
-def decode_pays(x: torch.Tensor, weight: DecodeWeight) -> bool:
-    """Whether a decode step should multiply ``x`` by the NVFP4 codes rather than by the engine's
-    BF16 copy of the same weight: on a CPU always (the reference path: CPU runs test the wiring),
-    on a GPU where the fused kernel was measured faster than a BF16 GEMM at this M
+def decode_pays(weight: DecodeWeight, rows: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether a decode step of ``rows`` rows should multiply by the NVFP4 codes rather than by the
+    engine's BF16 copy of the same weight: off a GPU always (the reference path: CPU runs test the
+    wiring); on a GPU where the fused kernel was measured faster than a BF16 GEMM at this M
     (:func:`~slime_gb10.nvfp4.w4a16.fused_pays`). Above it a BF16 GEMM reads 3.6x the bytes but
-    wins on compute (large decode batches), and dequantizing per step would read both."""
-    if not x.is_cuda:
+    wins on compute (large decode batches). Decide before ``torch.compile`` traces the step (the
+    decoder does, once per batch size): the answer may load NVRTC, which dynamo does not trace."""
+    if torch.device(device).type != "cuda":
         return True
     n, k = weight.shape
-    return fused_pays(x, n, k)
+    return fused_pays(rows, n, k, dtype, torch.device(device))

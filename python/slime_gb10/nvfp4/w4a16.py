@@ -498,13 +498,13 @@ def _wide_matmul(
     return out
 
 
-def fused_pays(x: torch.Tensor, N: int, K: int) -> bool:
-    """Whether a fused kernel beats dequantize + cuBLAS for ``x`` times an ``[N, K]`` weight
-    (:func:`fused_is_faster` with the kernels that run on ``x``'s device for its dtype)."""
-    M = x.numel() // max(x.shape[-1], 1)
-    bf16 = x.dtype == torch.bfloat16
+def fused_pays(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether a fused kernel beats a BF16 GEMM for ``M`` rows of ``dtype`` on ``device`` times an
+    ``[N, K]`` weight (:func:`fused_is_faster` with the kernels that run there). Not for code that
+    ``torch.compile`` traces: it may load NVRTC, which dynamo refuses to trace."""
+    bf16 = dtype == torch.bfloat16
     return fused_is_faster(
-        M, N, K, cuda_kernel=bf16 and _cuda_engine_ok(x.device), wgmma=bf16 and _wgmma_engine_ok(x.device)
+        M, N, K, cuda_kernel=bf16 and _cuda_engine_ok(device), wgmma=bf16 and _wgmma_engine_ok(device)
     )
 
 
@@ -524,10 +524,8 @@ def w4a16_linear(
     Non-BF16 activations also take the dequantize + matmul path.
     """
     N, K = w.shape
-    if fused_max_m is None:
-        fused = fused_pays(x, N, K)
-    else:
-        fused = fused_max_m >= x.numel() // max(x.shape[-1], 1)
+    M = x.numel() // max(x.shape[-1], 1)
+    fused = fused_pays(M, N, K, x.dtype, x.device) if fused_max_m is None else fused_max_m >= M
     if x.dtype == torch.bfloat16 and fused and w.data.is_contiguous() and w.scale.is_contiguous():
         return w4a16_matmul(x, prepared if prepared is not None else w, bias)
     weight = dequantize_triton(w, x.dtype) if triton_available() and x.is_cuda else None

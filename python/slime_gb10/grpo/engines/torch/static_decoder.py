@@ -173,10 +173,14 @@ def attach_decode_weights(model, names: Iterable[str]) -> dict[str, DecodeWeight
     return weights
 
 
-def _codes(owner, x: torch.Tensor) -> DecodeWeight | None:
-    """The NVFP4 weight a one-token step multiplies ``x`` by on ``owner``, where it pays."""
-    weight = getattr(owner, DECODE_WEIGHT, None)
-    return weight if weight is not None and decode_pays(x, weight) else None
+def layer_codes(layer, rows: int, dtype: torch.dtype, device: torch.device) -> tuple:
+    """The NVFP4 weights a one-token step of ``rows`` rows multiplies by in ``layer`` -- fused q/k/v,
+    o, fused gate/up, down -- each None where the layer has none or a BF16 GEMM is faster at this M
+    (:func:`~slime_gb10.nvfp4.decode_weights.decode_pays`), decided once per decoder, outside the
+    compiled step."""
+    owners = (layer.self_attn, layer.self_attn.o_proj, layer.mlp, layer.mlp.down_proj)
+    weights = (getattr(owner, DECODE_WEIGHT, None) for owner in owners)
+    return tuple(w if w is not None and decode_pays(w, rows, dtype, device) else None for w in weights)
 
 
 class StaticDecoder:
@@ -216,6 +220,9 @@ class StaticDecoder:
         self.o_splits = O_SPLIT_K if gpu else 1
         self.qkv_splits = QKV_SPLIT_K if gpu else 1
         self.down_splits = DOWN_SPLIT_K if gpu else 1
+        # NVFP4 rollouts: per layer, the codes a one-token step multiplies by (attach_decode_weights)
+        self.codes = [layer_codes(layer, batch, param.dtype, param.device) for layer in self.layers]
+        self.no_codes = (None,) * 4
         self.step = self.forward  # the one-token decode step; torch.compile'd when the engine says so
 
     def forward(
@@ -235,6 +242,7 @@ class StaticDecoder:
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B, 1, T, D]
         batch, length = input_ids.shape
         for i, layer in enumerate(self.layers):
+            qkv_codes, o_codes, gate_up_codes, down_codes = self.codes[i] if length == 1 else self.no_codes
             attn = layer.self_attn
             residual = hidden
             x = layer.input_layernorm(hidden)
@@ -245,9 +253,8 @@ class StaticDecoder:
                 # and attends (decode_attention.decode_step)
                 weight, bias = fused
                 splits = _splits_for(weight, self.qkv_splits) if self.qkv_splits > 1 else 1
-                codes = _codes(attn, x)
-                if codes is not None:  # NVFP4 rollouts: the fused W4A16 kernel
-                    qkv, bias = decode_linear(x, codes, bias).view(batch, -1), None
+                if qkv_codes is not None:  # NVFP4 rollouts: the fused W4A16 kernel
+                    qkv, bias = decode_linear(x, qkv_codes, bias).view(batch, -1), None
                 elif splits > 1:  # the kernel sums the partial products and adds the bias
                     qkv = split_k_partials(x, weight, splits)
                 else:
@@ -265,23 +272,26 @@ class StaticDecoder:
                     bias,
                 )
             else:
-                out = self._attention(i, attn, x, fused, cos, sin, cache_position, attention_mask, scale)
+                out = self._attention(
+                    i, attn, x, fused, cos, sin, cache_position, attention_mask, scale, qkv_codes
+                )
             out = out.transpose(1, 2).reshape(batch, length, self.num_heads * self.head_dim)
-            one = length == 1
-            o_splits, down_splits = (self.o_splits, self.down_splits) if one else (1, 1)
-            hidden = residual + self._linear(attn.o_proj, out, o_splits, one)
-            hidden = hidden + self._mlp(layer.mlp, layer.post_attention_layernorm(hidden), down_splits, one)
+            o_splits, down_splits = (self.o_splits, self.down_splits) if length == 1 else (1, 1)
+            hidden = residual + self._linear(attn.o_proj, out, o_splits, o_codes)
+            normed = layer.post_attention_layernorm(hidden)
+            hidden = hidden + self._mlp(layer.mlp, normed, down_splits, (gate_up_codes, down_codes))
         last = self.norm(hidden[:, -1, :])
         return self.lm_head(last)
 
-    def _attention(self, i, attn, x, fused, cos, sin, cache_position, attention_mask, scale) -> torch.Tensor:
+    def _attention(
+        self, i, attn, x, fused, cos, sin, cache_position, attention_mask, scale, codes=None
+    ) -> torch.Tensor:
         """Layer ``i``'s attention ``[B, H, T, D]`` from its normed input ``x``, in separate ops:
         projections, rotary embedding, the cache writes, then the decode kernel (one-token steps)
         or SDPA (the prefill, and where the kernel does not run)."""
         batch, length = x.shape[:2]
         span = attention_mask.shape[-1]
-        codes = _codes(attn, x) if length == 1 and fused is not None else None
-        if codes is not None:  # NVFP4 rollouts: the fused W4A16 kernel
+        if codes is not None and fused is not None:  # NVFP4 rollouts: the fused W4A16 kernel
             q, k, v = decode_linear(x, codes, fused[1]).split(self.splits, dim=-1)
         elif fused is not None:  # one GEMM for q, k and v (see fuse_projections)
             q, k, v = torch.nn.functional.linear(x, *fused).split(self.splits, dim=-1)
@@ -314,10 +324,9 @@ class StaticDecoder:
         )
 
     @staticmethod
-    def _linear(linear, x: torch.Tensor, splits: int, one_token: bool = False) -> torch.Tensor:
+    def _linear(linear, x: torch.Tensor, splits: int, codes: DecodeWeight | None = None) -> torch.Tensor:
         """``linear(x)``, over ``splits`` slices of K where the weight allows (:func:`split_k_linear`);
-        in a one-token step by the layer's NVFP4 codes where it has them and they pay."""
-        codes = _codes(linear, x) if one_token else None
+        by the layer's NVFP4 ``codes`` where given (one-token steps: :func:`layer_codes`)."""
         if codes is not None:
             return decode_linear(x, codes, linear.bias)
         if splits > 1:
@@ -325,11 +334,14 @@ class StaticDecoder:
         return split_k_linear(x, linear, splits) if splits > 1 else linear(x)
 
     @classmethod
-    def _mlp(cls, mlp, x: torch.Tensor, down_splits: int = 1, one_token: bool = False) -> torch.Tensor:
+    def _mlp(cls, mlp, x: torch.Tensor, down_splits: int = 1, codes: tuple = (None, None)) -> torch.Tensor:
         fused = getattr(mlp, FUSED_GATE_UP, None)
         if fused is None:
             return mlp(x)
-        codes = _codes(mlp, x) if one_token else None
-        gate_up = decode_linear(x, codes) if codes is not None else torch.nn.functional.linear(x, fused)
+        gate_up_codes, down_codes = codes
+        if gate_up_codes is not None:
+            gate_up = decode_linear(x, gate_up_codes)
+        else:
+            gate_up = torch.nn.functional.linear(x, fused)
         gate, up = gate_up.chunk(2, dim=-1)
-        return cls._linear(mlp.down_proj, mlp.act_fn(gate) * up, down_splits, one_token)
+        return cls._linear(mlp.down_proj, mlp.act_fn(gate) * up, down_splits, down_codes)
