@@ -331,7 +331,7 @@ def test_an_nvfp4_rollout_samples_from_the_model_holding_the_dequantized_weights
 ):
     """The engine after an NVFP4 sync (its own kernels; on a GPU in BF16 with its CUDA-graphed decode)
     against a plain Hugging Face forward of a model holding the round-tripped weights: the sampled
-    tokens' logprobs agree within the engine dtype's rounding (1e-4 in FP32 on a CPU; 0.1 in BF16,
+    tokens' logprobs agree within the engine dtype's rounding (1e-4 in FP32 on a CPU; 0.3 in BF16,
     where the engine's fused kernels and the HF forward round differently; a sync that left the
     weights unquantized misses by ~3 on this model), and greedy decoding picks the reference's
     argmax except where its two best logits are within that tolerance (a near-tie). Both engines:
@@ -342,7 +342,11 @@ def test_an_nvfp4_rollout_samples_from_the_model_holding_the_dequantized_weights
     from slime_gb10.grpo.engines.torch.engine import TorchRolloutEngine
     from slime_gb10.grpo.interfaces import SamplingParams
 
-    dtype, tol = (torch.float32, 1e-4) if device == "cpu" else (torch.bfloat16, 1e-1)
+    # BF16 on a GPU: the engine's kernels and the HF forward round differently, and over 12 tokens
+    # of this sharp tiny model (initializer_range 0.3) they drifted up to 0.164 apart on an H100 for
+    # both engines (session 28): 0.3 keeps that margin and still fails a sync that skips the
+    # quantization (~3)
+    dtype, tol = (torch.float32, 1e-4) if device == "cpu" else (torch.bfloat16, 0.3)
     trainer = load_causal_lm(tiny_dir, dtype=torch.float32)
     with torch.no_grad():  # "trained": the engine's own (quantized) start would not pass for the sync
         generator = torch.Generator().manual_seed(7)

@@ -16,7 +16,7 @@ import torch
 
 from slime_gb10.nvfp4.format import BLOCK_SIZE, NVFP4Tensor
 from slime_gb10.nvfp4.ops import dequantize
-from slime_gb10.nvfp4.w4a16 import W4A16Weight, fused_pays, w4a16_matmul, w4a16_scale_codes
+from slime_gb10.nvfp4.w4a16 import FUSED_MAX_M, W4A16Weight, fused_pays, w4a16_matmul, w4a16_scale_codes
 
 
 @torch.library.custom_op(
@@ -118,4 +118,15 @@ def decode_pays(weight: DecodeWeight, rows: int, dtype: torch.dtype, device: tor
     if torch.device(device).type != "cuda":
         return True
     n, k = weight.shape
+    if rows > DECODE_MAX_ROWS or (rows > FUSED_MAX_M and n * k < DECODE_MIN_PARAMS):
+        return False
     return fused_pays(rows, n, k, dtype, torch.device(device))
+
+
+#: Where a decode step takes the codes, measured in the engine (``slime-gb10 bench decode``, an H100;
+#: BENCHMARKS.md, "NVFP4 decode"): up to M = 16 everywhere (shape B's 0.5B body 1.05-1.22x BF16,
+#: the 7B body 1.76-2.11x); above, only on weights of at least 16 M parameters (with every layer on
+#: codes shape B ran 0.91-0.98x at M = 32-64, the 7B body 1.28-1.33x), and not above M = 64 (at
+#: 128 rows: B 0.85x, C 0.83x, 7B 1.04x). A GB10's crossover is its own: the verify step re-measures.
+DECODE_MAX_ROWS = 64
+DECODE_MIN_PARAMS = 1 << 24
