@@ -277,7 +277,7 @@ def run_shape(
             "cuda_graph": row.get("rollout/cuda_graph"),
             "compiled_layers": row.get("train/compiled"),
         }
-        if config.rollout.weights == "nvfp4":  # a projection: the engine decodes with BF16 kernels
+        if config.rollout.weights == "nvfp4":  # the bound if every decode step read only the codes
             from_codes = replace(costs, weight_bytes=costs.nvfp4_weight_bytes)
             step["rollout_roofline_nvfp4_s"] = rollout_roofline_s(
                 prompt_lens, completion_lens, from_codes, gbps, tflops
@@ -433,7 +433,7 @@ def run_benchmark(
     default="bf16",
     show_default=True,
     help="nvfp4: NVFP4 rollouts (and QAT, the config's default with them); the table adds the decode "
-    "roofline from the 4-bit codes, as a projection.",
+    "roofline as if every decode step read only the 4-bit codes (the engine keeps BF16 where it is faster).",
 )
 @click.option(
     "--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Also write the result here."

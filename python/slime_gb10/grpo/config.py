@@ -154,8 +154,9 @@ class RolloutConfig(_Section):
     weights: Literal["bf16", "nvfp4"] = Field(
         default="bf16",
         description="nvfp4: at each weight sync the rollout engine receives the decoder's linear weights "
-        "quantized to NVFP4 (dequantized values; embeddings, norms and the LM head as they are), and "
-        "training runs through NVFP4 QAT unless train.quantization says otherwise; the mismatch_* "
+        "quantized to NVFP4 (embeddings, norms and the LM head as they are; the torch engine takes the "
+        "4-bit codes and its decode steps multiply them with the W4A16 kernel where that is faster), "
+        "and training runs through NVFP4 QAT unless train.quantization says otherwise; the mismatch_* "
         "metrics measure the trainer/rollout gap. PyTorch backend.",
     )
     # The embedded default is small enough for a CPU (minutes); a GPU run raises these

@@ -5,10 +5,10 @@ so that the trainer's policy can be the rollout's.
 Both quantize the layers :func:`slime_gb10.nvfp4.linear.select_linear` picks (the decoder's linear
 layers; embeddings, norms and the LM head stay as they are), fused siblings (q/k/v, gate/up) with
 one shared global scale, as a checkpoint an engine loads must have them. The rollout receives
-``dequantize(quantize(W))`` in the transfer dtype: the very values the W4A16 kernel multiplies by
-(it decodes the same codes exactly), so the engine decodes the NVFP4 policy whichever kernel runs
-it; the bytes saved by decoding from the 4-bit codes are the W4A16 engine's (not yet wired into the
-engine's CUDA graph: the speed half of the issue). Under QAT the trainer's forward computes the
+either ``dequantize(quantize(W))`` in the transfer dtype or the codes themselves (``codes=True``,
+for the torch engine, whose decode steps multiply them with the W4A16 kernel:
+:mod:`slime_gb10.grpo.engines.torch.nvfp4_weights`): the same numbers, since the kernel decodes the
+codes exactly, so the engine decodes the NVFP4 policy whichever kernel runs it. Under QAT the trainer's forward computes the
 same weights (NVFP4Linear's ``qat`` backend: master weights in full precision, fake quantization
 with a straight-through gradient), so the two policies are one; without it they differ by the
 quantization, which the ``mismatch_*`` metrics of every step measure (algo.rollout_mismatch).

@@ -127,6 +127,7 @@ def decode_pays(weight: DecodeWeight, rows: int, dtype: torch.dtype, device: tor
 #: BENCHMARKS.md, "NVFP4 decode"): up to M = 16 everywhere (shape B's 0.5B body 1.05-1.22x BF16,
 #: the 7B body 1.76-2.11x); above, only on weights of at least 16 M parameters (with every layer on
 #: codes shape B ran 0.91-0.98x at M = 32-64, the 7B body 1.28-1.33x), and not above M = 64 (at
-#: 128 rows: B 0.85x, C 0.83x, 7B 1.04x). A GB10's crossover is its own: the verify step re-measures.
+#: 128 rows: B 0.85x, C 0.83x, 7B 1.04x). A GB10's crossover is its own: ``slime-gb10 verify`` runs
+#: the bench there (step bench-decode).
 DECODE_MAX_ROWS = 64
 DECODE_MIN_PARAMS = 1 << 24

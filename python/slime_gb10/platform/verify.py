@@ -217,6 +217,14 @@ def plan(repo: Path | None, work: Path, python: str = sys.executable, scale: flo
             needs_gpu=True,
         ),
         Step(
+            "bench-decode",
+            "the engine's decode from BF16 weights vs NVFP4 codes (`slime-gb10 bench decode`): where the "
+            "codes pay on this device",
+            (*cli, "bench", "decode", "--json", str(work / "bench-decode.json")),
+            3600,
+            needs_gpu=True,
+        ),
+        Step(
             "bench-nvfp4",
             "NVFP4 benchmark (`slime-gb10 bench nvfp4`)",
             (*cli, "bench", "nvfp4", "--json", str(work / "bench-nvfp4.json")),
