@@ -233,8 +233,8 @@ def test_a_prompt_asked_for_several_times_is_prefilled_once(tiny_dir, tokenizer,
     engine = TorchRolloutEngine(model, tokenizer, "cpu", eos_token_ids=[0], decode="static")
     prompts = _prompts(tokenizer)
     repeated = [prompts[i] for i in (0, 1, 0, 2, 1, 0)]
-    width = max(map(len, repeated))
-    input_ids, valid = engine._left_pad(repeated, width)
+    input_ids, valid = engine._left_pad(repeated)
+    width = input_ids.shape[1]
     runs = []
     never_equal = [list(p) + [-1] * row for row, p in enumerate(repeated)]  # every row prefilled
     for seen in (never_equal, repeated):
