@@ -57,7 +57,7 @@ def build_engine(shape: Shape, weights: str, tokenizer, *, device: str = "cuda",
 
 def step_weight_bytes(engine, batch: int) -> int:
     """Bytes of weights one decode step of ``batch`` rows reads: each layer's NVFP4 codes where the
-    engine multiplies by them at this M (``static_decoder._codes``), else its BF16 weight, and the
+    engine multiplies by them at this M (``static_decoder.layer_codes``), else its BF16 weight, and the
     embedding row lookups (negligible) left out; the LM head in BF16."""
     import torch
 

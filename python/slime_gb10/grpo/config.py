@@ -154,8 +154,9 @@ class RolloutConfig(_Section):
     weights: Literal["bf16", "nvfp4"] = Field(
         default="bf16",
         description="nvfp4: at each weight sync the rollout engine receives the decoder's linear weights "
-        "quantized to NVFP4 (embeddings, norms and the LM head as they are; the torch engine takes the "
-        "4-bit codes and its decode steps multiply them with the W4A16 kernel where that is faster), "
+        "quantized to NVFP4 (embeddings, norms and the LM head as they are; the torch engine's static "
+        "decode path, a GPU's default, takes the 4-bit codes and multiplies them with the W4A16 kernel "
+        "where that is faster; its HF-forward path takes their values), "
         "and training runs through NVFP4 QAT unless train.quantization says otherwise; the mismatch_* "
         "metrics measure the trainer/rollout gap. PyTorch backend.",
     )

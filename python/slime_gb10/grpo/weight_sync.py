@@ -26,7 +26,7 @@ reward 0, no crash -- or a collective deadlocks. Here:
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -166,12 +166,13 @@ def check_metadata(
     *,
     receiver: str,
     optional: Sequence[str] = (),
+    exact: Collection[str] = (),
 ) -> None:
     """Validate a whole stream's metadata against the receiver's tensors BEFORE anything is written.
 
     ``expected`` maps each receiving tensor's name to ``(shape, dtype)`` (dtype None: any floating
     type). Every streamed name must exist there with the same shape and a compatible dtype
-    (floating into floating but for :data:`EXACT_DTYPES`, else the same), and every expected name except ``optional`` ones must
+    (floating into floating but for :data:`EXACT_DTYPES` and the names in ``exact``, else the same), and every expected name except ``optional`` ones must
     be streamed. All problems are collected into one :class:`WeightSyncError` naming
     ``receiver``, so a mismatch never leaves a model half overwritten.
     """
@@ -192,7 +193,7 @@ def check_metadata(
                     f"'{t.name}': shape {tuple(t.shape)} streamed, {tuple(shape)} in the {receiver}"
                 )
             sent = dtype_from_name(t.dtype)
-            if dtype is not None and sent != dtype and not _castable(sent, dtype):
+            if dtype is not None and sent != dtype and (t.name in exact or not _castable(sent, dtype)):
                 problems.append(
                     f"'{t.name}': dtype {t.dtype} streamed, {dtype_name(dtype)} in the {receiver}"
                 )

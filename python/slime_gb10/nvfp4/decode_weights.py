@@ -77,16 +77,6 @@ class DecodeWeight:
         return NVFP4Tensor(self.data, self.scale, self.global_scale.reshape(()), self.shape, dtype)
 
     @torch.no_grad()
-    def load(self, q: NVFP4Tensor) -> None:
-        """Copy ``q`` in (its global scale into the shared one) and refresh the scale codes."""
-        if tuple(q.shape) != tuple(self.shape):
-            raise ValueError(f"an NVFP4 weight of shape {tuple(q.shape)} into one of {tuple(self.shape)}")
-        self.data.copy_(q.data)
-        self.scale.copy_(q.scale)
-        self.global_scale.copy_(q.global_scale.reshape(1))
-        self.refresh()
-
-    @torch.no_grad()
     def refresh(self) -> None:
         """The fused kernel's scale codes from ``scale`` (after a copy into it), without a host sync:
         the scales come from our quantizer, and the sync checks them once (:func:`scales_valid`)."""
@@ -117,6 +107,8 @@ def decode_pays(weight: DecodeWeight, rows: int, dtype: torch.dtype, device: tor
     decoder does, once per batch size): the answer may load NVRTC, which dynamo does not trace."""
     if torch.device(device).type != "cuda":
         return True
+    if dtype != torch.bfloat16:  # the fused kernel takes BF16 activations; else it would dequantize
+        return False
     n, k = weight.shape
     if rows > DECODE_MAX_ROWS or (rows > FUSED_MAX_M and n * k < DECODE_MIN_PARAMS):
         return False
@@ -127,7 +119,7 @@ def decode_pays(weight: DecodeWeight, rows: int, dtype: torch.dtype, device: tor
 #: BENCHMARKS.md, "NVFP4 decode"): up to M = 16 everywhere (shape B's 0.5B body 1.05-1.22x BF16,
 #: the 7B body 1.76-2.11x); above, only on weights of at least 16 M parameters (with every layer on
 #: codes shape B ran 0.91-0.98x at M = 32-64, the 7B body 1.28-1.33x), and not above M = 64 (at
-#: 128 rows: B 0.85x, C 0.83x, 7B 1.04x). A GB10's crossover is its own: ``slime-gb10 verify`` runs
-#: the bench there (step bench-decode).
+#: 128 rows: B 0.85x, C 0.83x, 7B 1.04x). These are the H100's; a GB10 takes them too until its own
+#: are measured (``slime-gb10 verify``'s step bench-decode prints them; nothing feeds them back yet).
 DECODE_MAX_ROWS = 64
 DECODE_MIN_PARAMS = 1 << 24

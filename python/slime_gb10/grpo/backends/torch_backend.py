@@ -296,6 +296,12 @@ class TorchPolicyBackend(PolicyBackend):
     def export_weights(self, bucket_bytes: int, *, nvfp4_codes: bool = False):
         from slime_gb10.grpo.weight_sync import WeightStream
 
+        if nvfp4_codes and self.rollout_weights != "nvfp4":
+            raise ValueError(
+                "NVFP4 codes were asked of a backend built with rollout_weights='bf16': the engine and the "
+                "backend disagree on rollout.weights"
+            )
+
         def named_tensors(metadata_only: bool = False):
             named = ((name, param.detach()) for name, param in self.model.named_parameters())
             if self.rollout_weights == "nvfp4":

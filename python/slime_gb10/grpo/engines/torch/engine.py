@@ -180,8 +180,10 @@ class TorchRolloutEngine(RolloutEngine):
         if weights == "nvfp4" and decode != "dynamic":
             from slime_gb10.grpo.engines.torch.nvfp4_weights import EngineCodes
 
-            self.codes = EngineCodes(self.model, self._params)
-            self.codes.quantize_own_weights()
+            self.codes = EngineCodes.for_model(self.model, self._params)
+            if self.codes is not None:
+                self.codes.quantize_own_weights()
+        self.broken_sync: str | None = None  # why the last weight sync stopped midway, if it did
         # None: compile where it was measured to pay (issue #27: shape B's rollout 2.18 -> 1.20 s on an
         # H100), i.e. with CUDA graphs; on a CPU the compile costs more than it saves in a short run
         if compile_decode is None:
@@ -204,6 +206,11 @@ class TorchRolloutEngine(RolloutEngine):
             return []
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
+        if self.broken_sync is not None:
+            raise RuntimeError(
+                f"the last weight sync stopped midway ({self.broken_sync}): the engine holds a mix of old "
+                "and new weights; sync again before generating"
+            )
         # Row i samples with key seed + i (SGLang's engine gives request i sampling_seed seed + i too):
         # a row's completion does not depend on the other rows of the call or on the batching.
         seed = int(params.seed) if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
@@ -293,7 +300,7 @@ class TorchRolloutEngine(RolloutEngine):
         # integer ops of the hash run once per generation instead of once per token
         steps = torch.arange(params.max_new_tokens, device=keys.device)
         uniforms = row_uniforms(keys[None, :], steps[:, None])
-        all_finished = _AllFinished(logits.device)
+        all_finished = stops.AllFinished(logits.device)
         for step in range(params.max_new_tokens):
             token, logprob = sample_next_token(logits, params, uniforms=uniforms[step])
             token = record(token, finished, step)
@@ -470,13 +477,29 @@ class TorchRolloutEngine(RolloutEngine):
     @torch.no_grad()
     def update_weights(self, stream) -> None:
         from slime_gb10.grpo.engines.torch.nvfp4_weights import check_stream_form
-        from slime_gb10.grpo.weight_sync import check_metadata, receive
+        from slime_gb10.grpo.weight_sync import check_metadata
 
         check_stream_form(stream.names, expects_codes=self.codes is not None)
         expected = {name: (tuple(p.shape), p.dtype) for name, p in self._params.items()}
         if self.codes is not None:  # the quantized layers arrive as NVFP4 codes
             expected = {n: v for n, v in expected.items() if not self.codes.owns(n)} | self.codes.expected()
-        check_metadata(stream.metadata, expected, receiver="rollout engine's model")
+        check_metadata(
+            stream.metadata,
+            expected,
+            receiver="rollout engine's model",
+            exact=self.codes.expected() if self.codes is not None else (),
+        )
+        try:  # nothing was written before this point; from here on a failure leaves a mix
+            self._receive(stream, expected)
+        except BaseException as exc:
+            self.broken_sync = f"{type(exc).__name__}: {exc}"[:300]
+            raise
+        self.broken_sync = None
+
+    @torch.no_grad()
+    def _receive(self, stream, expected: dict) -> None:
+        from slime_gb10.grpo.weight_sync import receive
+
         seen = set()
         for name, tensor in receive(stream, device=self.device):
             if self.codes is not None and self.codes.owns(name):
@@ -518,36 +541,7 @@ class TorchRolloutEngine(RolloutEngine):
     def shutdown(self) -> None:
         self.model = None
         self._params = {}
-
-
-class _AllFinished:
-    """Whether every row has finished, for the decode loop's early stop, without stalling a GPU.
-
-    On a GPU the answer reaches the host one check late: each check reads the flag the previous
-    check sent (an event recorded 4 steps ago, long done) and sends the current one through pinned
-    memory. Reading it at once made the host wait for the GPU to drain every 4 steps (128 times
-    in a 512-token rollout) and then leave it idle while it queued the next step; the price is at
-    most 4 more steps of padding once every row has finished (issue #27). On a CPU it reads at once.
-    """
-
-    def __init__(self, device: torch.device):
-        self.gpu = device.type == "cuda"
-        self.sent = False
-        if self.gpu:
-            self.host = torch.zeros((), dtype=torch.bool).pin_memory()
-            self.event = torch.cuda.Event()
-
-    def check(self, finished: torch.Tensor) -> bool:
-        if not self.gpu:
-            return bool(finished.all())
-        done = False
-        if self.sent:
-            self.event.synchronize()
-            done = bool(self.host)
-        self.host.copy_(finished.all(), non_blocking=True)
-        self.event.record()
-        self.sent = True
-        return done
+        self.codes = None
 
 
 def _cache_keyword(model) -> str:

@@ -4,9 +4,9 @@ The trainer sends each quantized layer as a ModelOpt checkpoint stores it (``<la
 codes, ``.weight_scale``, ``.weight_scale_2``: :func:`slime_gb10.grpo.quantized.rollout_weights`
 with ``codes=True``). :class:`EngineCodes` copies them into the buffers a decode step's W4A16
 kernel reads (:func:`~slime_gb10.grpo.engines.torch.static_decoder.attach_decode_weights`) and
-writes ``dequantize(codes)`` into the model's BF16 parameters, which the prefill, the HF forward and
-the decode steps where a BF16 GEMM is faster (large batches) multiply by: every path computes with
-the one NVFP4 policy. The BF16 copy costs the engine 2 bytes a weight beside the codes' 0.625 (on
+writes ``dequantize(codes)`` into the model's BF16 parameters, which the prefill (of prompts longer
+than one token) and the decode steps where a BF16 GEMM is faster (large batches) multiply by: every
+path computes with the one NVFP4 policy. The BF16 copy costs the engine 2 bytes a weight beside the codes' 0.625 (on
 a GB10's shared memory a few GB for a 7B model); a decode step reads only the codes.
 """
 
@@ -58,6 +58,12 @@ class EngineCodes:
         # each weight's global scale as streamed, to check that fused siblings sent one (finish)
         self._global_scales = torch.ones(len(self.weights), dtype=torch.float32, device=device)
         self._slot = {name: i for i, name in enumerate(self.weights)}
+
+    @classmethod
+    def for_model(cls, model, params: dict[str, torch.nn.Parameter]) -> EngineCodes | None:
+        """The engine's codes, or None where no layer is quantized (``in_features`` not a multiple
+        of 16: the trainer then streams every weight as it is, and so does the engine take them)."""
+        return cls(model, params) if select_linear(model) else None
 
     def expected(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """The stream's codes tensors, by name: ``(shape, dtype)`` for ``check_metadata``."""
