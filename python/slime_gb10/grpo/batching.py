@@ -63,6 +63,12 @@ def split_microbatches(samples: list[Sample], micro_batch_size: int) -> list[lis
     return [ordered[i : i + micro_batch_size] for i in range(0, len(ordered), micro_batch_size)]
 
 
+def _empty_sample(pad_token_id: int) -> Sample:
+    """What a padding micro-batch holds (:func:`~slime_gb10.grpo.backends.fsdp.pad_microbatches`):
+    two tokens, the completion masked out."""
+    return Sample([pad_token_id], [pad_token_id], [0.0], 0.0, 0.0, truncated=False, train=False)
+
+
 def has_reference_model(backend) -> bool:
     """True when the backend overrides ``PolicyBackend.reference_logprobs`` (keeps a frozen reference)."""
     from slime_gb10.grpo.interfaces import PolicyBackend
@@ -92,20 +98,28 @@ def update_policy(
     # several ranks: the same number of optimizer steps everywhere, even with few local samples
     count = cfg.train.minibatches if dist.enabled else min(cfg.train.minibatches, len(samples))
     # Deterministic split into minibatches (every count-th sample), each cut into microbatches.
+    groups = [split_microbatches(samples[i::count], cfg.train.micro_batch_size) for i in range(count)]
+    if getattr(backend, "sharded", False):  # FSDP: the same number of forwards on every rank
+        from slime_gb10.grpo.backends.fsdp import pad_microbatches
+
+        pad_microbatches(groups, dist, lambda: None)
     prepared, counts = [], []
-    for mb in (samples[i::count] for i in range(count)):
-        micro = []
-        for group in split_microbatches(mb, cfg.train.micro_batch_size):
-            batch, extras = collate(group, pad_token_id)
+    for mb_groups in groups:
+        micro, count_here = [], 0.0
+        for group in mb_groups:
+            batch, extras = collate(group or [_empty_sample(pad_token_id)], pad_token_id)
+            if group is None:  # a padding micro-batch: one masked token, no weight in the loss
+                extras["loss_scale"] = 0.0
+            elif cfg.algo.loss_agg == "token-mean":
+                count_here += float(batch.completion_mask.sum())
+            else:
+                count_here += float(batch.input_ids.shape[0])
             if not on_policy:
                 extras["old_logprobs"], _ = backend.logprobs(batch)
             if need_ref:
                 extras["ref_logprobs"] = backend.reference_logprobs(batch)
             micro.append((batch, extras))
-        if cfg.algo.loss_agg == "token-mean":
-            counts.append(float(sum(float(b.completion_mask.sum()) for b, _ in micro)))
-        else:
-            counts.append(float(sum(b.input_ids.shape[0] for b, _ in micro)))
+        counts.append(count_here)
         prepared.append(micro)
     for micro, total in zip(prepared, dist.sum(counts), strict=True):
         for _, extras in micro:

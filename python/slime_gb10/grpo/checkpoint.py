@@ -253,11 +253,13 @@ def save(run, reason: str = "periodic", prune: bool = True) -> Path:
     if run.dist.enabled:
         state["rank_rng"] = run.dist.gather(boundary["rng"])
     path = checkpoint_path(run.run_dir, run.step)  # where rank 0 writes it
+    # sharded weights (train.sharding=fsdp): every rank takes part in gathering them
+    policy = run.backend.state_dict() if run.dist.is_main or getattr(run.backend, "sharded", False) else None
     if run.dist.is_main:
         path = save_checkpoint(
             run.run_dir,
             run.step,
-            run.backend.state_dict(),
+            policy,
             state,
             keep=run.config.output.keep_checkpoints if prune else 1 << 30,
             reason=reason,

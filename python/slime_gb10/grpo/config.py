@@ -245,6 +245,9 @@ class TrainConfig(_Section):
     )
     epochs: int = Field(default=1, ge=1, description="Passes over each step's rollouts (train.minibatches).")
     micro_batch_size: int = Field(default=32, ge=1, description="Sequences per forward/backward.")
+    sharding: Literal["none", "fsdp"] = Field(default="none", description="fsdp: under torchrun the PyTorch "
+        "backend shards FP32 weights, gradients and AdamW state over the ranks (FSDP2, per decoder layer), for "
+        "models whose training state does not fit one GPU; none: each rank holds all of it (data parallel).")  # fmt: skip
     compile: bool | None = Field(
         default=None,
         description="torch backend: torch.compile each decoder layer (fuses norms, rotary, activations and "

@@ -85,6 +85,14 @@ class DistContext:
             torch.distributed.all_reduce(tensor)
         return tensor.tolist()
 
+    def max(self, values: list[float]) -> list[float]:
+        if not self.enabled:
+            return list(values)
+        tensor = torch.tensor(values, dtype=torch.float64, device=_comm_device())
+        with self._collective("a maximum over the ranks"):
+            torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
+        return tensor.tolist()
+
     def gather(self, obj) -> list:
         """Every rank's ``obj`` (small Python objects: metrics, RNG states), in rank order."""
         if not self.enabled:
@@ -392,6 +400,11 @@ def check_launch(config, world_size: int) -> None:
         raise LaunchError(
             f"rollout.prompts_per_step={prompts} does not divide over {world_size} ranks; use a multiple of "
             f"{world_size} (each rank generates and scores whole groups of its share of the prompts)"
+        )
+    if config.train.sharding == "fsdp" and config.rollout.weights == "nvfp4":
+        raise LaunchError(
+            "train.sharding=fsdp with rollout.weights=nvfp4 is not wired yet (the NVFP4 sync quantizes "
+            "whole weights, not shards); use one of them"
         )
     if config.backends.trainer == "megatron" or config.backends.rollout == "sglang":
         raise LaunchError(

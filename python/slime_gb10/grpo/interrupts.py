@@ -234,12 +234,15 @@ def write_final_model(trainer) -> None:
                 raise
             log.warning("no checkpoint of the last step before final_model/: %s", exc)
             safety_net, final = False, last
+    # sharded weights (train.sharding=fsdp) are gathered by every rank; rank 0 writes them
+    full = trainer.backend.full_model_state() if hasattr(trainer.backend, "full_model_state") else None
     if not trainer.dist.is_main:
         return
     target = trainer.run_dir / "final_model"
+    gathered = {"state": full} if full is not None else {}
     try:
         with atomic_directory(target) as tmp:
-            trainer.backend.save_pretrained(str(tmp), dtype=getattr(torch, cfg.final_model_dtype))
+            trainer.backend.save_pretrained(str(tmp), dtype=getattr(torch, cfg.final_model_dtype), **gathered)
     except _write_errors() as exc:
         raise CheckpointError(_final_write_failure(target, exc, final, trainer)) from exc
     if safety_net and not cfg.checkpoint_every:

@@ -147,23 +147,13 @@ def rollout_weight_bytes(params: int, value_bytes: int) -> int:
     return params * value_bytes
 
 
-def nvfp4_weights(s: Shapes) -> int:
-    """The weights ``rollout.weights: nvfp4`` quantizes, the decoder's linear layers:
-    ``layers x (2 h (heads + kv_heads) head_dim + 3 h i)``."""
+def nvfp4_bytes(s: Shapes, sixteenths: int) -> int:
+    """``rollout.weights: nvfp4``: ``sixteenths``/16 byte per weight of the decoder's linear layers,
+    ``layers x (2 h (heads + kv_heads) head_dim + 3 h i)``: 9 for the last sync's codes and block
+    scales, kept to count what the next sync changes (``quantized.CodeChanges``); 10 for the torch
+    engine's codes, block scales and the fused kernel's scale codes, beside its BF16 copy."""
     per_layer = 2 * s.hidden * (s.heads + s.kv_heads) * s.head_dim + 3 * s.hidden * s.intermediate
-    return s.layers * per_layer
-
-
-def nvfp4_sync_bytes(s: Shapes) -> int:
-    """``rollout.weights: nvfp4``: the last sync's codes and block scales, kept to count what the
-    next sync changes (``quantized.CodeChanges``): 9/16 byte per quantized weight."""
-    return nvfp4_weights(s) * 9 // 16
-
-
-def nvfp4_engine_bytes(s: Shapes) -> int:
-    """The torch engine's NVFP4 codes, beside its BF16 copy (``engines/torch/nvfp4_weights.py``): codes,
-    block scales and the fused kernel's scale codes, 10/16 byte per quantized weight."""
-    return nvfp4_weights(s) * 10 // 16
+    return s.layers * per_layer * sixteenths // 16
 
 
 def kv_cache_bytes(s: Shapes, rows: int, tokens: int, value_bytes: int) -> int:
@@ -378,18 +368,24 @@ def estimate(
     seq = width + roll.max_new_tokens
     with_reference = algo.beta > 0 or algo.ref_kl_metric
 
+    # train.sharding=fsdp: 1/world of the FP32 weights, gradients and moments per rank, plus, gathered, the
+    # outer group (embeddings, head, norm) and ~3 layers (computing, prefetched, unsharded gradient)
+    shards = world_size if train.sharding == "fsdp" and trainer == "torch" and world_size > 1 else 1
+    outer = s.vocab * s.hidden * (1 if s.tied else 2) + s.hidden
+    gathered = 4 * (outer + 3 * (n - outer) // max(1, s.layers)) if shards > 1 else 0
     resident = {
-        "trainer weights": trainer_weight_bytes(n, trainer),
-        "AdamW states": adamw_bytes(n),
+        "trainer weights": trainer_weight_bytes(n, trainer) // shards,
+        "AdamW states": adamw_bytes(n) // shards,
+        "FSDP gathered weights": gathered,
         "reference model": reference_bytes(n, trainer) if with_reference else 0,
         "rollout weights": rollout_weight_bytes(n, engine_bytes),
-        "NVFP4 sync codes": nvfp4_sync_bytes(s) if roll.weights == "nvfp4" else 0,
-        "NVFP4 engine codes": nvfp4_engine_bytes(s) if roll.weights == "nvfp4" and static else 0,
+        "NVFP4 sync codes": nvfp4_bytes(s, 9) if roll.weights == "nvfp4" else 0,
+        "NVFP4 engine codes": nvfp4_bytes(s, 10) if roll.weights == "nvfp4" and static else 0,
         "KV cache": static_kv,
         "overhead": CUDA_OVERHEAD_BYTES if gpu else 0,
     }
     training = {
-        "gradients": gradient_bytes(n),
+        "gradients": gradient_bytes(n) // shards,
         "activations": activation_bytes(
             s, mb_rows, seq, autocast=autocast or (trainer == "megatron" and gpu), checkpointing=checkpointing
         ),

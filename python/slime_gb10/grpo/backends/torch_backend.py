@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import logging
 import math
@@ -112,22 +113,39 @@ def token_logprobs(
         position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
     else:
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    # sharded (backends/fsdp.py): the same computation, registered with FSDP as a forward of the model
+    forward = getattr(model, FORWARD_LOGPROBS, None) or functools.partial(forward_logprobs, model)
     with autocast:
-        hidden = _decoder(model)(
-            input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False
-        ).last_hidden_state
-        head = model.get_output_embeddings()
-        return sequence_logprobs_entropy(
-            hidden,
-            head.weight,
+        return forward(
             input_ids,
+            mask,
+            position_ids,
             batch.completion_mask,
             temperature=temperature,
             chunk_size=chunk_size,
             with_entropy=with_entropy,
-            lm_head_bias=getattr(head, "bias", None),
             compile_backend=compile_backend,
         )
+
+
+#: the model attribute under which a sharded model holds :func:`forward_logprobs` (backends/fsdp.py)
+FORWARD_LOGPROBS = "slime_gb10_logprobs"
+
+
+def forward_logprobs(model, input_ids, mask, position_ids, completion_mask, **head_kwargs):
+    """The decoder's forward, then the chunked LM head's logprobs (and entropy) of the targets."""
+    hidden = _decoder(model)(
+        input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False
+    ).last_hidden_state
+    head = model.get_output_embeddings()
+    return sequence_logprobs_entropy(
+        hidden,
+        head.weight,
+        input_ids,
+        completion_mask,
+        lm_head_bias=getattr(head, "bias", None),
+        **head_kwargs,
+    )
 
 
 def _adam_settings(train: TrainConfig) -> dict:
@@ -151,6 +169,7 @@ class TorchPolicyBackend(PolicyBackend):
         compile_backend=None,
         rollout_weights: str = "bf16",
         quantization: str = "none",
+        sharding: str = "none",
     ):
         self.device = torch.device(device)
         self.model = model.to(self.device)
@@ -181,6 +200,17 @@ class TorchPolicyBackend(PolicyBackend):
         )
         if quantization == "nvfp4-qat" and self.reference_model is not None:
             apply_qat(self.reference_model)  # the reference is the starting policy: quantized too
+        # FSDP2 under torchrun (backends/fsdp.py): before the optimizer, whose state is then sharded too
+        self.sharded = False
+        if (
+            sharding == "fsdp"
+            and torch.distributed.is_initialized()
+            and torch.distributed.get_world_size() > 1
+        ):
+            from slime_gb10.grpo.backends import fsdp
+
+            fsdp.shard_model(self.model, FORWARD_LOGPROBS, forward_logprobs)
+            self.sharded = True
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             params, lr=train.lr, fused=self.device.type == "cuda", **_adam_settings(train)
@@ -282,8 +312,18 @@ class TorchPolicyBackend(PolicyBackend):
             proves=True,
         )
         if self.grad_sync is not None:  # data-parallel ranks: sum the gradients before clipping
-            self.grad_sync(self.model.parameters())
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm))
+            params = self.model.parameters()
+            if self.sharded:  # FSDP reduced the sharded ones: the rest (an untied head) by us
+                from slime_gb10.grpo.backends.fsdp import replicated
+
+                params = replicated(params)
+            self.grad_sync(params)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        if self.sharded:  # the norm of the sharded gradients: a DTensor over the ranks
+            from slime_gb10.grpo.backends.fsdp import full_tensor
+
+            grad_norm = full_tensor(grad_norm)
+        grad_norm = float(grad_norm)
         if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteError(f"the gradient norm is {grad_norm} (not finite)")
@@ -304,6 +344,10 @@ class TorchPolicyBackend(PolicyBackend):
 
         def named_tensors(metadata_only: bool = False):
             named = ((name, param.detach()) for name, param in self.model.named_parameters())
+            if self.sharded:  # one weight gathered at a time; the planning pass gathers nothing
+                from slime_gb10.grpo.backends import fsdp
+
+                named = fsdp.meta_tensors(named) if metadata_only else fsdp.full_tensors(named)
             if self.rollout_weights == "nvfp4":
                 from slime_gb10.grpo.quantized import rollout_weights
 
@@ -325,6 +369,11 @@ class TorchPolicyBackend(PolicyBackend):
         )
 
     def state_dict(self) -> dict:
+        """Model, optimizer and schedule; sharded (FSDP) gathered whole on every rank (a collective)."""
+        if self.sharded:
+            from slime_gb10.grpo.backends.fsdp import full_state_dict
+
+            return {**full_state_dict(self.model, self.optimizer), "scheduler": self.scheduler.state_dict()}
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -332,8 +381,13 @@ class TorchPolicyBackend(PolicyBackend):
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.sharded:
+            from slime_gb10.grpo.backends.fsdp import load_full_state_dict
+
+            load_full_state_dict(self.model, self.optimizer, state)
+        else:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self._apply_optimizer_settings()
 
@@ -349,24 +403,37 @@ class TorchPolicyBackend(PolicyBackend):
         for group in self.optimizer.param_groups:
             group.update(initial_lr=train.lr, lr=lr, **_adam_settings(train))
 
-    def save_pretrained(self, directory: str, dtype: torch.dtype | None = None) -> None:
+    def full_model_state(self) -> dict[str, torch.Tensor] | None:
+        """Sharded (FSDP): the whole model state, gathered (a collective every rank calls before rank
+        0 writes the final model); else None (rank 0 reads its own)."""
+        if not self.sharded:
+            return None
+        from slime_gb10.grpo.backends.fsdp import full_model_state_dict
+        from slime_gb10.grpo.quantized import plain_state_dict
+
+        keep = set(plain_state_dict(self.model))  # a QAT layer's input_amax has no place in HF files
+        return {k: v for k, v in full_model_state_dict(self.model).items() if k in keep}
+
+    def save_pretrained(
+        self, directory: str, dtype: torch.dtype | None = None, state: dict | None = None
+    ) -> None:
         dtype = dtype or torch.bfloat16
         # A cast copy of each tensor (the FP32 master weights stay as they are); the config's
         # dtype says what the files hold. Tensors that share storage (a tied lm_head) share their
         # copy too, so save_pretrained still sees them tied and writes one.
-        copies: dict[tuple, torch.Tensor] = {}
-        state = {}
         from slime_gb10.grpo.quantized import plain_state_dict
 
-        for key, value in plain_state_dict(self.model).items():
+        copies: dict[tuple, torch.Tensor] = {}
+        cast = {}
+        for key, value in (state if state is not None else plain_state_dict(self.model)).items():
             if not value.is_floating_point():
-                state[key] = value
+                cast[key] = value
                 continue
             ident = (value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape))
             if ident not in copies:
                 copies[ident] = value.detach().to(dtype)
-            state[key] = copies[ident]
-        self.model.save_pretrained(directory, state_dict=state, safe_serialization=True)
+            cast[key] = copies[ident]
+        self.model.save_pretrained(directory, state_dict=cast, safe_serialization=True)
         # save_pretrained records the dtype of the model in memory (FP32); say what the files hold
         config_path = Path(directory) / "config.json"
         config = json.loads(config_path.read_text())
@@ -432,4 +499,5 @@ def build_backend(config, tokenizer, device) -> TorchPolicyBackend:
         compile_backend="inductor" if compile_layers else None,
         rollout_weights=config.rollout.weights,
         quantization=config.train.quantization,
+        sharding=config.train.sharding,
     )

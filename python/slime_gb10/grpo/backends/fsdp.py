@@ -1,0 +1,130 @@
+"""The PyTorch backend's weights sharded over the ranks with FSDP2 (``train.sharding: fsdp``, issue #40).
+
+Each decoder layer, then the whole model, goes through ``torch.distributed.fsdp.fully_shard``: every
+rank keeps 1/world of the FP32 master weights, their gradients and AdamW's moments; a layer's full
+weights exist only while its forward or backward runs (all-gathered, then freed), and the
+gradients are reduce-scattered by FSDP itself, not by our all-reduce
+(:meth:`~slime_gb10.grpo.distributed.DistContext.all_reduce_gradients`). Reductions are sums, as the
+all-reduce's are (the loss is already divided by the global token count), and in FP32.
+
+What FSDP asks of the loop: every rank runs the same number of forwards and backwards (each one
+all-gathers), so :func:`pad_microbatches` evens out the micro-batch counts that zero-variance
+filtering leaves unequal, with micro-batches of no tokens; the gradient norm, the weight sync
+(:func:`full_tensors`, one weight at a time) and the state dicts (:func:`full_state_dict`) are
+collectives that every rank calls in the same order.
+
+On unified memory (GB10) there is no separate host memory to offload optimizer state to: CPU
+offload would move it between two views of the same LPDDR5x, so it is not offered.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Iterator
+
+import torch
+from torch import nn
+
+
+def is_sharded(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def shard_model(model: nn.Module, forward_name: str, forward: Callable) -> int:
+    """``fully_shard`` each decoder layer, then the model (embeddings, final norm, LM head: a tied
+    head is the embedding, one parameter); gradient reductions summed (divide factor 1). Call
+    before the optimizer sees the parameters (they become DTensors). Returns the number of layers.
+
+    The trainer never calls the model's own forward: it runs the decoder, then its chunked LM head
+    on the head's weight (``torch_backend.forward_logprobs``). ``forward(model, ...)`` becomes the
+    model's method ``forward_name``, registered as an FSDP forward, so the model's weights are
+    gathered around it as around a forward, and its backward reduces their gradients."""
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
+    layers = list(model.model.layers)
+    for layer in layers:
+        fully_shard(layer)
+    fully_shard(model)
+    setattr(model, forward_name, functools.partial(forward, model))
+    register_fsdp_forward_method(model, forward_name)
+    for module in (*layers, model):
+        # sums in plain SUM collectives: a factor of 1 would otherwise take NCCL's PREMUL_SUM, which
+        # gloo (CPU ranks) does not have
+        module.set_gradient_divide_factor(1.0)
+        module.set_force_sum_reduction_for_comms(True)
+    return len(layers)
+
+
+def replicated(parameters: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    """The parameters FSDP does not shard (not DTensors; none after :func:`shard_model`): whole on
+    every rank, their gradients summed by the trainer's all-reduce."""
+    from torch.distributed.tensor import DTensor
+
+    return [p for p in parameters if not isinstance(p, DTensor)]
+
+
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a DTensor shard (an all-gather: every rank calls it), else the tensor."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def full_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """``named`` with each shard gathered, one at a time (never the whole model at once)."""
+    for name, tensor in named:
+        yield name, full_tensor(tensor.detach())
+
+
+def meta_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """``named`` as meta tensors of their global shapes: the weight stream's planning pass without
+    gathering anything."""
+    for name, tensor in named:
+        yield name, torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
+
+
+def full_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """Model and optimizer state as one process would hold them (gathered to every rank, on the
+    CPU): what a checkpoint of a sharded run holds, so that it loads like any other."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return {
+        "model": get_model_state_dict(model, options=options),
+        "optimizer": get_optimizer_state_dict(model, optimizer, options=options),
+    }
+
+
+def full_model_state_dict(model: nn.Module) -> dict:
+    """The model's state alone, gathered as :func:`full_state_dict` gathers it (the final model)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_full_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """:func:`full_state_dict`'s state back into the shards (every rank holds the whole state)."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, state["model"], options=options)
+    set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
+
+
+def pad_microbatches(prepared: list[list], dist, empty) -> None:
+    """Give every rank as many micro-batches per minibatch as the rank with the most (in place):
+    FSDP's collectives run in each forward and backward, so a rank that stopped early would leave
+    the others waiting. ``empty()`` makes a micro-batch whose loss and metrics weigh nothing."""
+    local = [float(len(micro)) for micro in prepared]
+    for micro, most in zip(prepared, dist.max(local), strict=True):
+        micro.extend(empty() for _ in range(int(most) - len(micro)))
