@@ -343,3 +343,22 @@ def test_estimate_against_a_real_run_on_cuda(tmp_path, tokenizer, compiled):
     estimated = plan.total - plan.parts["overhead"]
     print(f"memory plan {estimated / 2**30:.2f} GiB, measured {measured / 2**30:.2f} GiB ({plan.describe()})")
     assert 0.9 * measured <= estimated <= 2.5 * measured
+
+
+def test_a_model_whose_training_state_fills_the_gpu_is_told_to_shard_it():
+    """Qwen2.5-7B's shape on one 80 GB GPU: weights, AdamW and gradients (16 bytes a parameter,
+    ~114 GiB) dominate, and the refusal names train.sharding=fsdp with the torchrun line; under
+    FSDP on 4 ranks each holds a quarter of them (issue #40)."""
+    from transformers import Qwen2Config
+
+    qwen7b = Qwen2Config(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+                         intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False)  # fmt: skip
+    plan = mp.estimate(config(), qwen7b, device="cuda")
+    assert 7.6e9 < plan.params < 7.7e9
+    message = mp.refusal(config(), plan, 80 * 2**30, "free memory of cuda:0", "cuda:0")
+    assert "train.sharding=fsdp" in message and "torchrun --nproc-per-node N" in message
+    sharded = mp.estimate(config(**{"train.sharding": "fsdp"}), qwen7b, device="cuda", world_size=4)
+    assert sharded.parts["AdamW states"] == plan.parts["AdamW states"] // 4
+    assert "train.sharding=fsdp" not in mp.refusal(
+        config(**{"train.sharding": "fsdp"}), sharded, 10 * 2**30, "free memory of cuda:0", "cuda:0"
+    )
