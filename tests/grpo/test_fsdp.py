@@ -1,9 +1,11 @@
 """FSDP's demand on the loop (train.sharding=fsdp, issue #40): every rank runs as many micro-batches
-as the rank with the most, the extra ones weighing nothing. The sharded step itself runs under real
-torchrun in test_distributed.py."""
+as the rank with the most, the extra ones weighing nothing; under real torchrun, ranks with uneven
+micro-batch counts and an untied head take the data-parallel step. Whole sharded runs (the 1-rank
+step, exact resume, the final model): test_distributed.py."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from slime_gb10.grpo.backends.fsdp import pad_microbatches
@@ -60,9 +62,9 @@ def test_a_sharded_update_pads_with_micro_batches_that_weigh_nothing():
     assert len(micro) == 4
     real, padding = micro[:2], micro[2:]
     assert sum(float(b.completion_mask.sum()) for b, _ in real) == 5
-    for batch, extras in padding:
-        assert float(batch.completion_mask.sum()) == 0 and extras["loss_scale"] == 0.0
-    assert all(extras["global_count"] == 12.0 for _, extras in micro)
+    for _, extras in padding:
+        assert extras["loss_scale"] == 0.0 and extras["metric_weight"] == 0.0
+    assert all(extras["global_count"] == 12.0 for _, extras in micro)  # the real tokens only
 
 
 def test_an_unsharded_update_is_not_padded():
@@ -74,17 +76,100 @@ def test_an_unsharded_update_is_not_padded():
     assert all("loss_scale" not in extras for _, extras in backend.steps[0])
 
 
-def test_a_padding_micro_batch_adds_nothing_to_the_loss_or_its_gradient():
-    """The real loss on a padding micro-batch (one masked completion token): zero, and a zero
-    gradient, so the extra forward and backward FSDP needs change no weight (its loss scale of 0
-    guards that once more)."""
+def test_a_padding_micro_batch_gives_every_parameter_a_zero_gradient_and_no_metrics(tokenizer, tmp_path):
+    """What FSDP needs of a padding micro-batch: every parameter, an untied LM head's too, gets a
+    gradient (FSDP reduce-scatters the parameters that have one: a rank whose head had none sent a
+    smaller buffer than the others, found in review), all of it zero, and the pass reports no
+    metrics (a rank with padding alone must not average zeros into the step's metrics)."""
     from slime_gb10.grpo import algo
+    from slime_gb10.grpo.backends.common import accumulate_gradients
+    from slime_gb10.grpo.backends.torch_backend import token_logprobs
     from slime_gb10.grpo.batching import _empty_sample, collate
+    from slime_gb10.grpo.models import load_causal_lm, write_random_model
 
-    cfg = build_config()
+    model = load_causal_lm(write_random_model(tmp_path / "m", tokenizer, tied=False), dtype=torch.float32)
+    cfg = build_config(overrides={"algo.entropy_coef": 0.01})
     batch, extras = collate([_empty_sample(0)], 0)
-    extras["global_count"] = 5.0
-    logprobs = torch.zeros(batch.input_ids.shape, requires_grad=True)
-    loss, _ = algo.build_loss(cfg.algo, cfg.rollout.max_new_tokens)(logprobs, None, batch, extras)
-    loss.backward()  # unscaled: the masked token alone gives no gradient; loss_scale 0 is a second guard
-    assert float(loss.detach()) == 0.0 and float(logprobs.grad.abs().sum()) == 0.0
+    extras.update(global_count=5.0, loss_scale=0.0, metric_weight=0.0)
+    loss, metrics = accumulate_gradients(
+        [(batch, extras)],
+        device=torch.device("cpu"),
+        forward=lambda b: token_logprobs(model, b, temperature=1.0, with_entropy=True, autocast_dtype=None),
+        loss_fn=algo.build_loss(cfg.algo, cfg.rollout.max_new_tokens),
+        discard_gradients=lambda: None,
+    )
+    assert loss == 0.0 and metrics == {}
+    missing = [name for name, p in model.named_parameters() if p.grad is None]
+    assert not missing and "lm_head.weight" in dict(model.named_parameters())
+    assert all(float(p.grad.abs().sum()) == 0.0 for p in model.parameters())
+
+
+UNEVEN_RANKS = r"""
+import json, sys, torch, torch.distributed as dist
+from slime_gb10.grpo.backends.fsdp import full_tensor
+from slime_gb10.grpo.backends.torch_backend import TorchPolicyBackend
+from slime_gb10.grpo.batching import Sample, update_policy
+from slime_gb10.grpo.config import build_config
+from slime_gb10.grpo.distributed import DistContext
+from slime_gb10.grpo.models import load_causal_lm
+
+dist.init_process_group("gloo")
+torch.set_num_threads(1)
+rank = dist.get_rank()
+cfg = build_config(overrides={"train.micro_batch_size": 1, "train.lr": 1e-2, "train.adam_eps": 1e-3,
+                              "algo.entropy_coef": 0.01})
+gen = torch.Generator().manual_seed(rank)
+samples = [Sample([3, 4 + i], [5, 6 + i, 7][: 1 + i % 3], [-3.0] * (1 + i % 3), float(torch.randn(1, generator=gen)),
+                  1.0, truncated=False) for i in range([3, 1][rank])]  # rank 0: 3 micro-batches, rank 1: 1
+ctx = DistContext(rank=rank, world_size=2, timeout_s=120)
+out = {}
+for sharding in ("none", "fsdp"):
+    backend = TorchPolicyBackend(load_causal_lm(sys.argv[1], dtype=torch.float32), None, "cpu", train=cfg.train,
+                                 sharding=sharding)
+    backend.grad_sync = ctx.all_reduce_gradients
+    metrics, tokens, grad_norm, loss = update_policy(backend, samples, cfg, ctx, 0)
+    weights = {n: full_tensor(p.detach()) for n, p in backend.model.named_parameters()}
+    out[sharding] = (metrics, tokens, grad_norm, loss, weights)
+(m0, t0, g0, l0, w0), (m1, t1, g1, l1, w1) = out["none"], out["fsdp"]
+diff = max(float((w0[n] - w1[n]).abs().max()) for n in w0)
+print(json.dumps({"rank": rank, "diff": diff, "grad_norm": [g0, g1], "loss": [l0, l1], "tokens": [t0, t1],
+                  "metrics": [sorted(m0), sorted(m1)], "keys": sorted(m0) == sorted(m1),
+                  "close": all(abs(m0[k] - m1[k]) <= 1e-5 * max(1.0, abs(m0[k])) for k in m0)}))
+dist.destroy_process_group()
+"""
+
+
+def test_uneven_ranks_with_an_untied_head_take_the_data_parallel_step(tokenizer, tmp_path):
+    """Real FSDP2 over gloo: rank 0 trains 3 micro-batches, rank 1 one (as zero-variance filtering
+    leaves them) on a model with an untied LM head; rank 1 pads with two. The sharded update equals
+    the data-parallel one (weights to 1e-6, gradient norm and loss to 1e-5), its metrics and token
+    counts are the data-parallel ones (no padding in them)."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from slime_gb10.grpo.models import write_random_model
+
+    model_dir = write_random_model(tmp_path / "untied", tokenizer, tied=False, initializer_range=0.3)
+    script = tmp_path / "uneven.py"
+    script.write_text(UNEVEN_RANKS)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("WORLD_SIZE", None)
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
+         f"--master-port={port}", str(script), str(model_dir)],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-4000:]
+    rows = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    assert sorted(r["rank"] for r in rows) == [0, 1]
+    for r in rows:
+        assert r["diff"] <= 1e-6, r
+        assert r["grad_norm"][1] == pytest.approx(r["grad_norm"][0], rel=1e-5)
+        assert r["loss"][1] == pytest.approx(r["loss"][0], rel=1e-5, abs=1e-8)
+        assert r["tokens"][0] == r["tokens"][1] and r["keys"] and r["close"], r

@@ -65,8 +65,10 @@ def split_microbatches(samples: list[Sample], micro_batch_size: int) -> list[lis
 
 def _empty_sample(pad_token_id: int) -> Sample:
     """What a padding micro-batch holds (:func:`~slime_gb10.grpo.backends.fsdp.pad_microbatches`):
-    two tokens, the completion masked out."""
-    return Sample([pad_token_id], [pad_token_id], [0.0], 0.0, 0.0, truncated=False, train=False)
+    a prompt token and one completion token in the loss's mask, so that every parameter, the LM
+    head's too, gets a gradient (zero: the loss is scaled by 0) and FSDP reduces the same tensors
+    on every rank; its metrics weigh nothing and its tokens are not counted."""
+    return Sample([pad_token_id], [pad_token_id], [0.0], 0.0, 0.0, truncated=False)
 
 
 def has_reference_model(backend) -> bool:
@@ -108,8 +110,8 @@ def update_policy(
         micro, count_here = [], 0.0
         for group in mb_groups:
             batch, extras = collate(group or [_empty_sample(pad_token_id)], pad_token_id)
-            if group is None:  # a padding micro-batch: one masked token, no weight in the loss
-                extras["loss_scale"] = 0.0
+            if group is None:  # a padding micro-batch: no weight in the loss or the metrics
+                extras["loss_scale"], extras["metric_weight"] = 0.0, 0.0
             elif cfg.algo.loss_agg == "token-mean":
                 count_here += float(batch.completion_mask.sum())
             else:
@@ -134,6 +136,6 @@ def update_policy(
             losses.append(result.loss)
             for key, value in result.metrics.items():
                 sums[key] = sums.get(key, 0.0) + value
-            tokens += sum(int(b.attention_mask.sum()) for b, _ in micro)
+            tokens += sum(int(b.attention_mask.sum()) for b, e in micro if e.get("metric_weight", 1.0))
     steps = len(grad_norms)
     return {k: v / steps for k, v in sums.items()}, tokens, sum(grad_norms) / steps, sum(losses) / steps

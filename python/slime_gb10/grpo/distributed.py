@@ -153,8 +153,10 @@ class DistContext:
         """Every rank starts from rank 0's weights (after a resume too), or every rank raises
         :class:`LaunchError`: ranks do not broadcast weights, each loads its own copy. The engine and
         backend each rank resolved (``choice``: ``auto`` resolves per machine) are compared first."""
-        if self.enabled:
-            digest = weights_digest(backend.export_weights(config.rollout.weight_bucket_mb * 2**20))
+        if self.enabled:  # a sharded backend's own load (a resume takes rank 0's checkpoint: fsdp.py)
+            digest = getattr(backend, "loaded_digest", None) or weights_digest(
+                backend.export_weights(config.rollout.weight_bucket_mb * 2**20)
+            )
             chose = f"{choice.rollout}+{choice.trainer}" if choice is not None else None
             report = {"model": config.model.name_or_path, "digest": digest, "choice": chose}
             _refuse(weights_disagreement(self.gather(report)))

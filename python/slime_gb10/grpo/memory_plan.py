@@ -466,9 +466,9 @@ def refusal(config, plan: Plan, budget: int, source: str, where: str, ranks: int
     if not config.model.gradient_checkpointing:
         fixes += ", or set model.gradient_checkpointing=true"
     state = sum(plan.parts.get(k, 0) for k in ("trainer weights", "AdamW states", "gradients"))
-    if config.train.sharding != "fsdp" and state * 2 >= plan.total:  # the training state dominates: shard it
-        fixes += (f"; or shard the training state ({gib(state)}) over N GPUs: torchrun --nproc-per-node N -m "
-                  "slime_gb10 train ... --set train.sharding=fsdp")  # fmt: skip
+    if "FSDP gathered weights" not in plan.parts and state * 2 >= plan.total:  # mostly training state
+        fixes += (f"; or shard the training state ({gib(state)}) over N GPUs: torchrun --nproc-per-node N (two "
+                  "Sparks: --nnodes 2, README) -m slime_gb10 train ... --set train.sharding=fsdp")  # fmt: skip
     need = gib(plan.total * ranks) + (f" ({ranks} ranks x {gib(plan.total)})" if ranks > 1 else "")
     has = (
         f"the budget is {gib(budget)} ({source})"

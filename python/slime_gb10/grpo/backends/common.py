@@ -56,7 +56,8 @@ def accumulate_gradients(
 
     ``loss_fn(logprobs, entropy, batch, extras) -> (loss, metrics)`` returns microbatch losses that
     already sum to the minibatch loss (``interfaces.PolicyBackend.train_step``); each is multiplied by
-    ``extras["loss_scale"]`` (default 1). A metric that is not finite in a microbatch (``kl`` without
+    ``extras["loss_scale"]`` (default 1), and its metrics weighted by ``extras["metric_weight"]``
+    (default 1; 0 for FSDP's padding micro-batches). A metric that is not finite in a microbatch (``kl`` without
     a reference model) counts as absent there; one absent everywhere is left out.
 
     Losses and metrics stay on the device until the pass ends: one host round trip per pass, not one
@@ -75,7 +76,7 @@ def accumulate_gradients(
         loss = loss * float(extras.get("loss_scale", 1.0))
         loss.backward()
         losses.append(loss.detach().float().reshape(()))
-        weight = batch.completion_mask.sum().float()
+        weight = batch.completion_mask.sum().float() * float(extras.get("metric_weight", 1.0))
         weights.append(weight)
         for key, value in metrics.items():
             if isinstance(value, torch.Tensor):
@@ -97,6 +98,8 @@ def accumulate_gradients(
     if not math.isfinite(total_loss):
         discard_gradients()
         raise NonFiniteError(f"the loss is {total_loss} (not finite)")
+    if not any(per_batch_weight):  # no token of the pass counts (FSDP's padding alone): no metrics
+        return total_loss, {}
     sums: dict[str, float] = {}
     offset = 1 + len(weights)
     for index, key in enumerate(keys):

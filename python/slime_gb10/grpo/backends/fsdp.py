@@ -86,8 +86,11 @@ def meta_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[st
 
 
 def full_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """Model and optimizer state as one process would hold them (gathered to every rank, on the
-    CPU): what a checkpoint of a sharded run holds, so that it loads like any other."""
+    """Model and optimizer state as one process would hold them, gathered to rank 0's CPU memory
+    (the other ranks get empty dicts): what a checkpoint of a sharded run holds, so that it loads
+    into an unsharded run too (the optimizer's state keyed by parameter name). Rank 0 holds the
+    whole state for a moment, 16 bytes a parameter: sharded checkpoint files
+    (``torch.distributed.checkpoint``) are the next step (issue #40)."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_model_state_dict,
@@ -109,14 +112,15 @@ def full_model_state_dict(model: nn.Module) -> dict:
 
 
 def load_full_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
-    """:func:`full_state_dict`'s state back into the shards (every rank holds the whole state)."""
+    """:func:`full_state_dict`'s state back into the shards: rank 0's copy, broadcast (every rank
+    read the checkpoint; rank 0's decides, as its weights do at a fresh start)."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         set_model_state_dict,
         set_optimizer_state_dict,
     )
 
-    options = StateDictOptions(full_state_dict=True)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     set_model_state_dict(model, state["model"], options=options)
     set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
 

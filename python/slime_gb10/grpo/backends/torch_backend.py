@@ -208,7 +208,11 @@ class TorchPolicyBackend(PolicyBackend):
             and torch.distributed.get_world_size() > 1
         ):
             from slime_gb10.grpo.backends import fsdp
+            from slime_gb10.grpo.distributed import weights_digest
 
+            # what this rank loaded, for the ranks' weights check (distributed.agree_on_weights): once
+            # sharded, every rank's export gathers the same mix of all ranks' shards
+            self.loaded_digest = weights_digest(self.export_weights(64 << 20))
             fsdp.shard_model(self.model, FORWARD_LOGPROBS, forward_logprobs)
             self.sharded = True
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -243,7 +247,9 @@ class TorchPolicyBackend(PolicyBackend):
         with the plain layers (a warning and ``train/compiled`` 0 say so): a compiler that cannot
         build for this GPU costs speed, never the run. Non-finite losses and OOM are not compile
         failures and propagate."""
-        if not self.compiled or self._compile_proven:
+        # sharded: no retry, a failure is the run's (a rank that retried alone would run collectives
+        # the others do not, and a backward that failed halfway has already reduced some gradients)
+        if not self.compiled or self._compile_proven or self.sharded:
             return run()
         try:
             out = run()
@@ -384,6 +390,11 @@ class TorchPolicyBackend(PolicyBackend):
         if self.sharded:
             from slime_gb10.grpo.backends.fsdp import load_full_state_dict
 
+            if any(isinstance(key, int) for key in state["optimizer"].get("state", {})):
+                raise ValueError(
+                    "its optimizer state is a data-parallel run's (train.sharding=none); resume it with "
+                    "train.sharding=none, or start the sharded run afresh from its final model"
+                )
             load_full_state_dict(self.model, self.optimizer, state)
         else:
             self.model.load_state_dict(state["model"])
@@ -412,6 +423,8 @@ class TorchPolicyBackend(PolicyBackend):
         from slime_gb10.grpo.quantized import plain_state_dict
 
         keep = set(plain_state_dict(self.model))  # a QAT layer's input_amax has no place in HF files
+        if self.model.config.tie_word_embeddings:  # gathered apart from the embedding: written once
+            keep.discard("lm_head.weight")
         return {k: v for k, v in full_model_state_dict(self.model).items() if k in keep}
 
     def save_pretrained(
