@@ -26,6 +26,28 @@ def _ctrl_c_as_in_a_terminal():
     yield
 
 
+@pytest.fixture(scope="session")
+def torchrun():
+    """Runs ``python -m torch.distributed.run --nproc-per-node=N`` on a free local port with ``args``
+    (a script or ``-m module ...``), one thread per rank; returns the finished process."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    def run(*args: str, ranks: int = 2, timeout: int = 600) -> subprocess.CompletedProcess:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        env.pop("WORLD_SIZE", None)
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}",
+               "--master-addr=127.0.0.1", f"--master-port={port}", *args]  # fmt: skip
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+
+    return run
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if _cuda_available():
         return

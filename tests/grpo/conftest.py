@@ -58,3 +58,29 @@ def triton_interpreter():
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
     return run
+
+
+@pytest.fixture(scope="session")
+def nvfp4_trainer():
+    """A factory of ``(backend, trained)``: a PyTorch backend set for NVFP4 rollouts over the model at
+    ``model_dir``, whose FP32 weights moved away from the checkpoint by seeded noise (so that an
+    engine's own start, the checkpoint quantized, would not pass for a sync), and those weights."""
+    import torch
+
+    from slime_gb10.grpo.backends.torch_backend import TorchPolicyBackend
+    from slime_gb10.grpo.config import TrainConfig
+    from slime_gb10.grpo.models import load_causal_lm
+
+    def build(model_dir, tokenizer, device, dtype, seed: int = 11):
+        trainer = load_causal_lm(model_dir, dtype=torch.float32)
+        with torch.no_grad():
+            generator = torch.Generator().manual_seed(seed)
+            for param in trainer.parameters():
+                param.add_(0.05 * torch.randn(param.shape, generator=generator))
+        trained = {name: p.detach().clone() for name, p in trainer.named_parameters()}
+        backend = TorchPolicyBackend(
+            trainer, tokenizer, device, train=TrainConfig(), rollout_weights="nvfp4", transfer_dtype=dtype
+        )
+        return backend, trained
+
+    return build

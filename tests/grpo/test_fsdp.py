@@ -139,32 +139,19 @@ dist.destroy_process_group()
 """
 
 
-def test_uneven_ranks_with_an_untied_head_take_the_data_parallel_step(tokenizer, tmp_path):
+def test_uneven_ranks_with_an_untied_head_take_the_data_parallel_step(tokenizer, tmp_path, torchrun):
     """Real FSDP2 over gloo: rank 0 trains 3 micro-batches, rank 1 one (as zero-variance filtering
     leaves them) on a model with an untied LM head; rank 1 pads with two. The sharded update equals
     the data-parallel one (weights to 1e-6, gradient norm and loss to 1e-5), its metrics and token
     counts are the data-parallel ones (no padding in them)."""
     import json
-    import os
-    import socket
-    import subprocess
-    import sys
 
     from slime_gb10.grpo.models import write_random_model
 
     model_dir = write_random_model(tmp_path / "untied", tokenizer, tied=False, initializer_range=0.3)
     script = tmp_path / "uneven.py"
     script.write_text(UNEVEN_RANKS)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("WORLD_SIZE", None)
-    run = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
-         f"--master-port={port}", str(script), str(model_dir)],
-        capture_output=True, text=True, env=env, timeout=300,
-    )  # fmt: skip
+    run = torchrun(str(script), str(model_dir), timeout=300)
     assert run.returncode == 0, run.stderr[-4000:]
     rows = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     assert sorted(r["rank"] for r in rows) == [0, 1]

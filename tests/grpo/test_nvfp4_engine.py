@@ -35,21 +35,6 @@ def tiny_dir(tmp_path_factory, tokenizer):
     )
 
 
-def trained_backend(tiny_dir, tokenizer, device, dtype):
-    """A trainer whose weights moved away from the checkpoint (so the engine's own start, which is
-    the checkpoint quantized, would not pass for a sync), and its FP32 weights."""
-    trainer = load_causal_lm(tiny_dir, dtype=torch.float32)
-    with torch.no_grad():
-        generator = torch.Generator().manual_seed(11)
-        for param in trainer.parameters():
-            param.add_(0.05 * torch.randn(param.shape, generator=generator))
-    trained = {name: p.detach().clone() for name, p in trainer.named_parameters()}
-    backend = TorchPolicyBackend(
-        trainer, tokenizer, device, train=TrainConfig(), rollout_weights="nvfp4", transfer_dtype=dtype
-    )
-    return backend, trained
-
-
 def nvfp4_engine(tiny_dir, tokenizer, device, dtype, **kwargs):
     model = load_causal_lm(tiny_dir, dtype=dtype).to(device)
     decode = "static" if device == "cpu" else "cuda_graph"
@@ -58,8 +43,8 @@ def nvfp4_engine(tiny_dir, tokenizer, device, dtype, **kwargs):
     )
 
 
-def test_the_engine_receives_the_trainers_codes_exactly(tiny_dir, tokenizer):
-    backend, trained = trained_backend(tiny_dir, tokenizer, "cpu", torch.float32)
+def test_the_engine_receives_the_trainers_codes_exactly(tiny_dir, tokenizer, nvfp4_trainer):
+    backend, trained = nvfp4_trainer(tiny_dir, tokenizer, "cpu", torch.float32)
     engine = nvfp4_engine(tiny_dir, tokenizer, "cpu", torch.float32)
     engine.update_weights(backend.export_weights(1 << 16, nvfp4_codes=True))  # several buckets
     attn = "model.layers.1.self_attn"
@@ -86,8 +71,8 @@ def test_the_engine_receives_the_trainers_codes_exactly(tiny_dir, tokenizer):
     assert torch.equal(engine._params["model.norm.weight"], trained["model.norm.weight"])
 
 
-def test_a_dense_stream_is_refused_by_an_engine_that_decodes_codes(tiny_dir, tokenizer):
-    backend, _ = trained_backend(tiny_dir, tokenizer, "cpu", torch.float32)
+def test_a_dense_stream_is_refused_by_an_engine_that_decodes_codes(tiny_dir, tokenizer, nvfp4_trainer):
+    backend, _ = nvfp4_trainer(tiny_dir, tokenizer, "cpu", torch.float32)
     engine = nvfp4_engine(tiny_dir, tokenizer, "cpu", torch.float32)
     before = {n: p.clone() for n, p in engine._params.items()}
     codes_before = {n: w.data.clone() for n, w in engine.codes.weights.items()}
@@ -104,13 +89,15 @@ def test_a_dense_stream_is_refused_by_an_engine_that_decodes_codes(tiny_dir, tok
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_decode_steps_multiply_the_codes_and_the_prefill_the_bf16_values(tiny_dir, tokenizer, device):
+def test_decode_steps_multiply_the_codes_and_the_prefill_the_bf16_values(
+    tiny_dir, tokenizer, device, nvfp4_trainer
+):
     """Zeroing one layer's codes after a sync leaves the first token (from the prefill, which
     multiplies the BF16 values) as it was and moves every later token's logprob (the one-token
     steps multiply the codes). On a GPU the second call replays the CUDA graphs the first captured,
     so the W4A16 kernel reads the codes buffers inside the graph."""
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    backend, _ = trained_backend(tiny_dir, tokenizer, device, dtype)
+    backend, _ = nvfp4_trainer(tiny_dir, tokenizer, device, dtype)
     engine = nvfp4_engine(tiny_dir, tokenizer, device, dtype)
     engine.update_weights(backend.export_weights(1 << 20, nvfp4_codes=True))
     prompts = [[1, 2, 3, 4], [5, 6, 7, 8, 9, 10]]
@@ -136,7 +123,7 @@ def test_decode_steps_multiply_the_codes_and_the_prefill_the_bf16_values(tiny_di
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])
 @pytest.mark.parametrize("mixed", [False, True])
 def test_decoding_from_codes_is_the_nvfp4_policy(
-    tiny_dir, tokenizer, tmp_path, model_type, mixed, monkeypatch
+    tiny_dir, tokenizer, tmp_path, model_type, mixed, monkeypatch, nvfp4_trainer
 ):
     """The engine's sampled logprobs against a plain HF forward (FP32) of the model holding the
     round-tripped weights, within 1e-4: Llama, and Qwen2 with its q/k/v biases (the trained model's
@@ -154,7 +141,7 @@ def test_decoding_from_codes_is_the_nvfp4_policy(
         monkeypatch.setattr(
             static_decoder, "decode_pays", lambda w, rows, dtype, device: w.shape[0] == hidden
         )
-    backend, trained = trained_backend(model_dir, tokenizer, "cpu", torch.float32)
+    backend, trained = nvfp4_trainer(model_dir, tokenizer, "cpu", torch.float32)
     engine = nvfp4_engine(model_dir, tokenizer, "cpu", torch.float32)
     decoder_codes = [
         c
@@ -177,13 +164,15 @@ def test_decoding_from_codes_is_the_nvfp4_policy(
 
 
 @pytest.mark.parametrize("fault", ["a NaN block scale", "siblings with two global scales"])
-def test_a_sync_whose_codes_are_wrong_is_refused_and_the_engine_stops_generating(tiny_dir, tokenizer, fault):
+def test_a_sync_whose_codes_are_wrong_is_refused_and_the_engine_stops_generating(
+    tiny_dir, tokenizer, fault, nvfp4_trainer
+):
     """The values the metadata cannot show are checked once the stream is in (one host sync): a
     non-finite block scale, or fused siblings (q/k/v) sent with different weight_scale_2. Those
     tensors are already written then, so the engine refuses to generate until a good sync."""
     from slime_gb10.grpo.weight_sync import WeightStream
 
-    backend, _ = trained_backend(tiny_dir, tokenizer, "cpu", torch.float32)
+    backend, _ = nvfp4_trainer(tiny_dir, tokenizer, "cpu", torch.float32)
     engine = nvfp4_engine(tiny_dir, tokenizer, "cpu", torch.float32)
     good = backend.export_weights(1 << 20, nvfp4_codes=True)
     tensors = {name: t.clone() for bucket in good for name, t in _unpacked(bucket)}
@@ -231,13 +220,15 @@ def test_the_w4a16_op_traces_and_its_fake_agrees():
     torch.testing.assert_close(decode_linear(x, weight, bias), expected, atol=1e-5, rtol=1e-5)
 
 
-def test_a_model_with_nothing_to_quantize_syncs_dense_and_a_bf16_backend_refuses_codes(tmp_path, tokenizer):
+def test_a_model_with_nothing_to_quantize_syncs_dense_and_a_bf16_backend_refuses_codes(
+    tmp_path, tokenizer, nvfp4_trainer
+):
     """Widths that are not multiples of 16 (24 here): no layer is quantized, so the engine takes the
     dense stream the trainer sends; and a backend built for BF16 rollouts is never asked for codes
     silently (the engine and it would disagree on rollout.weights)."""
     model_dir = write_random_model(tmp_path / "m", tokenizer, hidden_size=24, num_heads=2, num_kv_heads=1,
                                    intermediate_size=40)  # fmt: skip
-    backend, _ = trained_backend(model_dir, tokenizer, "cpu", torch.float32)
+    backend, _ = nvfp4_trainer(model_dir, tokenizer, "cpu", torch.float32)
     engine = nvfp4_engine(model_dir, tokenizer, "cpu", torch.float32)
     assert engine.codes is None and not engine.receives_nvfp4_codes
     engine.update_weights(backend.export_weights(1 << 20, nvfp4_codes=engine.receives_nvfp4_codes))

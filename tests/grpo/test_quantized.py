@@ -327,7 +327,7 @@ def test_nvfp4_rollouts_with_a_bf16_trainer_are_warned_about(tiny_dir, tokenizer
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("engine_weights", ["bf16", "nvfp4"])
 def test_an_nvfp4_rollout_samples_from_the_model_holding_the_dequantized_weights(
-    tiny_dir, tokenizer, device, engine_weights
+    tiny_dir, tokenizer, device, engine_weights, nvfp4_trainer
 ):
     """The engine after an NVFP4 sync (its own kernels; on a GPU in BF16 with its CUDA-graphed decode)
     against a plain Hugging Face forward of a model holding the round-tripped weights: the sampled
@@ -337,8 +337,6 @@ def test_an_nvfp4_rollout_samples_from_the_model_holding_the_dequantized_weights
     argmax except where its two best logits are within that tolerance (a near-tie). Both engines:
     one that receives the dequantized values (bf16), one that receives the codes and decodes from
     them (nvfp4: the W4A16 kernel on a GPU, the reference dequantization on a CPU)."""
-    from slime_gb10.grpo.backends.torch_backend import TorchPolicyBackend
-    from slime_gb10.grpo.config import TrainConfig
     from slime_gb10.grpo.engines.torch.engine import TorchRolloutEngine
     from slime_gb10.grpo.interfaces import SamplingParams
 
@@ -347,15 +345,7 @@ def test_an_nvfp4_rollout_samples_from_the_model_holding_the_dequantized_weights
     # both engines (session 28): 0.3 keeps that margin and still fails a sync that skips the
     # quantization (~3)
     dtype, tol = (torch.float32, 1e-4) if device == "cpu" else (torch.bfloat16, 0.3)
-    trainer = load_causal_lm(tiny_dir, dtype=torch.float32)
-    with torch.no_grad():  # "trained": the engine's own (quantized) start would not pass for the sync
-        generator = torch.Generator().manual_seed(7)
-        for param in trainer.parameters():
-            param.add_(0.05 * torch.randn(param.shape, generator=generator))
-    trained = {name: p.detach().clone() for name, p in trainer.named_parameters()}
-    backend = TorchPolicyBackend(
-        trainer, tokenizer, device, train=TrainConfig(), rollout_weights="nvfp4", transfer_dtype=dtype
-    )
+    backend, trained = nvfp4_trainer(tiny_dir, tokenizer, device, dtype, seed=7)  # "trained" weights
     engine_model = load_causal_lm(tiny_dir, dtype=dtype).to(device)
     # on a CPU "auto" is the HF forward, which decodes from the BF16 values: the static decoder's
     # one-token steps are where the codes are multiplied

@@ -5,10 +5,6 @@ over gloo (CPU)."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 
 import pytest
 
@@ -77,17 +73,8 @@ def test_nccl_between_boxes_without_an_active_rdma_device_warns(monkeypatch, loc
 
 
 @pytest.mark.slow
-def test_two_doctors_under_torchrun_all_reduce_over_gloo(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("WORLD_SIZE", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
-         f"--master-port={port}", "-m", "slime_gb10", "doctor", "--json-out", str(tmp_path / "doctor.json")],
-        capture_output=True, text=True, env=env, timeout=600,
-    )  # fmt: skip
+def test_two_doctors_under_torchrun_all_reduce_over_gloo(tmp_path, torchrun):
+    proc = torchrun("-m", "slime_gb10", "doctor", "--json-out", str(tmp_path / "doctor.json"))
     headers = [
         line for line in proc.stdout.splitlines() if line.startswith("slime-gb10 ") and " doctor " in line
     ]
