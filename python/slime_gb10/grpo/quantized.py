@@ -141,12 +141,10 @@ def rollout_weights(
                 yield name, tensor
             elif codes:
                 rows, k = tensor.shape
-                yield name, torch.empty((rows, k // 2), dtype=torch.uint8, device="meta")
-                yield (
-                    f"{name}_scale",
-                    torch.empty((rows, k // BLOCK_SIZE), dtype=torch.float8_e4m3fn, device="meta"),
-                )
-                yield f"{name}_scale_2", torch.empty((), dtype=torch.float32, device="meta")
+                shapes = ((rows, k // 2), (rows, k // BLOCK_SIZE), ())
+                dtypes = (torch.uint8, torch.float8_e4m3fn, torch.float32)
+                for part, shape, part_dtype in zip(code_names(name), shapes, dtypes, strict=True):
+                    yield part, torch.empty(shape, dtype=part_dtype, device="meta")
             else:
                 yield name, torch.empty(tensor.shape, dtype=dtype, device="meta")
         return
@@ -163,9 +161,7 @@ def rollout_weights(
             if changes is not None:
                 changes.observe(name, q.data, q.scale)
             if codes:
-                yield name, q.data
-                yield f"{name}_scale", q.scale
-                yield f"{name}_scale_2", q.global_scale.reshape(()).float()
+                yield from zip(code_names(name), (q.data, q.scale, q.global_scale.reshape(()).float()))
             else:
                 yield name, dequantize(q, dtype=tensor.dtype).to(dtype)
 

@@ -57,14 +57,6 @@ def shard_model(model: nn.Module, forward_name: str, forward: Callable) -> int:
     return len(layers)
 
 
-def replicated(parameters: Iterable[torch.Tensor]) -> list[torch.Tensor]:
-    """The parameters FSDP does not shard (not DTensors; none after :func:`shard_model`): whole on
-    every rank, their gradients summed by the trainer's all-reduce."""
-    from torch.distributed.tensor import DTensor
-
-    return [p for p in parameters if not isinstance(p, DTensor)]
-
-
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """The whole tensor of a DTensor shard (an all-gather: every rank calls it), else the tensor."""
     from torch.distributed.tensor import DTensor

@@ -317,13 +317,10 @@ class TorchPolicyBackend(PolicyBackend):
             ),
             proves=True,
         )
-        if self.grad_sync is not None:  # data-parallel ranks: sum the gradients before clipping
-            params = self.model.parameters()
-            if self.sharded:  # FSDP reduced the sharded ones: the rest (an untied head) by us
-                from slime_gb10.grpo.backends.fsdp import replicated
-
-                params = replicated(params)
-            self.grad_sync(params)
+        # data-parallel ranks: sum the gradients before clipping (FSDP has reduced every parameter's:
+        # shard_model leaves none whole)
+        if self.grad_sync is not None and not self.sharded:
+            self.grad_sync(self.model.parameters())
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         if self.sharded:  # the norm of the sharded gradients: a DTensor over the ranks
             from slime_gb10.grpo.backends.fsdp import full_tensor
