@@ -194,8 +194,11 @@ def load_checkpoint(path: str | Path) -> tuple[dict, dict]:
     p = Path(path)
     if not (p / "meta.json").is_file():
         raise CheckpointError(f"'{p}' is not a complete checkpoint (no meta.json)")
-    states = []
-    for name in ("policy.pt", "trainer.pt"):
+    from slime_gb10.grpo.sharded_checkpoint import is_sharded_checkpoint
+
+    sharded = is_sharded_checkpoint(p)  # read by the backend, through DCP, at its world size
+    states = [{"sharded_checkpoint": str(p)}] if sharded else []
+    for name in ("trainer.pt",) if sharded else ("policy.pt", "trainer.pt"):
         try:
             states.append(torch.load(p / name, map_location="cpu", weights_only=True))
         except Exception as exc:  # UnpicklingError, a broken zip, a truncated file, a missing file...
@@ -252,21 +255,45 @@ def save(run, reason: str = "periodic", prune: bool = True) -> Path:
     state = {**boundary, "world_size": run.dist.world_size}
     if run.dist.enabled:
         state["rank_rng"] = run.dist.gather(boundary["rng"])
-    path = checkpoint_path(run.run_dir, run.step)  # where rank 0 writes it
-    # sharded weights (train.sharding=fsdp): every rank takes part in gathering them
-    policy = run.backend.state_dict() if run.dist.is_main or getattr(run.backend, "sharded", False) else None
-    if run.dist.is_main:
-        path = save_checkpoint(
-            run.run_dir,
-            run.step,
-            policy,
-            state,
-            keep=run.config.output.keep_checkpoints if prune else 1 << 30,
-            reason=reason,
-        )
-    run.dist.barrier()
+    if getattr(run.backend, "sharded", False):  # train.sharding=fsdp: every rank writes its shards
+        path = _save_sharded(run, state, reason=reason, prune=prune)
+    else:
+        path = checkpoint_path(run.run_dir, run.step)  # where rank 0 writes it
+        if run.dist.is_main:
+            path = save_checkpoint(
+                run.run_dir,
+                run.step,
+                run.backend.state_dict(),
+                state,
+                keep=run.config.output.keep_checkpoints if prune else 1 << 30,
+                reason=reason,
+            )
+        run.dist.barrier()
     run._last_checkpoint = path
     return path
+
+
+def _save_sharded(run, state: dict, *, reason: str, prune: bool) -> Path:
+    """:func:`save` of a sharded backend: :func:`~slime_gb10.grpo.sharded_checkpoint.save_sharded`
+    with the same skip, failure message and pruning as :func:`save_checkpoint`, decided by rank 0."""
+    from slime_gb10.grpo.sharded_checkpoint import save_sharded
+
+    target = checkpoint_path(run.run_dir, run.step)
+    if run.dist.gather((target / "meta.json").is_file())[0]:
+        log.info("checkpoint of step %d already written: %s", run.step, target)
+        return target
+    others = [path for _, path in list_checkpoints(run.run_dir) if path != target]
+    policy = run.backend.sharded_state()
+    try:
+        save_sharded(target, policy, state, run.dist, reason=reason)
+    except (OSError, RuntimeError) as exc:
+        raise _write_failure(target, exc, _tensor_bytes(policy), Path(run.run_dir)) from exc
+    if run.dist.is_main:
+        keep = run.config.output.keep_checkpoints if prune else 1 << 30
+        for old in others[: max(0, len(others) + 1 - keep)]:
+            shutil.rmtree(old, ignore_errors=True)
+    run.dist.barrier()
+    return target
 
 
 def restore(run, resumed: tuple[Path, dict, dict]) -> None:
@@ -276,15 +303,21 @@ def restore(run, resumed: tuple[Path, dict, dict]) -> None:
     path, policy_state, trainer_state = resumed
     saved_world = int(trainer_state.get("world_size", 1))
     if saved_world != run.dist.world_size:
-        raise CheckpointError(
-            f"checkpoint '{path}' was written by {saved_world} rank(s) and holds each one's RNG state; "
-            f"resume it with {saved_world} (torchrun --nproc-per-node {saved_world}), not {run.dist.world_size}"
+        # What a step draws does not depend on the world size: the sampler's global batch, and
+        # rollouts keyed by seed, step and global row (distributed.py), so a run resumed on another
+        # number of ranks continues as the saved one would have, up to floating-point order. The
+        # RNG states are each rank's own; a rank the checkpoint did not have takes rank 0's.
+        log.warning(
+            "resuming a checkpoint of %d rank(s) on %d: weights, optimizer, schedule and data position "
+            "are the checkpoint's (resharded where the run is sharded)",
+            saved_world,
+            run.dist.world_size,
         )
     try:
         run.backend.load_state_dict(policy_state)
         run.sampler.load_state_dict(trainer_state["sampler"])
         ranks = trainer_state.get("rank_rng") or [trainer_state["rng"]]
-        set_rng_state(ranks[run.dist.rank])
+        set_rng_state(ranks[run.dist.rank] if run.dist.rank < len(ranks) else ranks[0])
     except (KeyError, ValueError, RuntimeError, TypeError) as exc:
         raise CheckpointError(
             f"checkpoint '{path}' does not fit this run: {str(exc).strip().splitlines()[0]}"

@@ -15,8 +15,11 @@ same number of them, but a rank's micro-batch count depends on how many of its g
 signal (zero-variance groups are skipped) and can be zero. One ``all_reduce`` per optimizer step is
 what DDP does without the overlap; with a few hundred MB of gradients it costs milliseconds.
 
-Rank 0 alone writes the run directory (metrics, evaluations, checkpoints, the final model); a
-checkpoint holds every rank's RNG state and the world size, and resumes only with the same one.
+Rank 0 alone writes the run directory (metrics, evaluations, checkpoints, the final model; under
+``train.sharding=fsdp`` every rank writes its shards of a checkpoint). A checkpoint holds every
+rank's RNG state and the world size; it resumes exactly at the same world size, and at another one
+(resharded where sharded) it continues the same run up to floating-point order, since nothing a
+step draws depends on the world size.
 Collectives time out after ``train.dist_timeout_s``, so a rank that dies or hangs ends the job
 instead of hanging it; a collective that fails so (a timeout, a lost connection) is a
 :class:`DistributedError`, one line naming the setting and, where knowable, the rank.

@@ -110,6 +110,13 @@ class GRPOTrainer:
         from slime_gb10.grpo.rewards import FailureStreak, get_reward
 
         cfg = self.config
+        if cfg.train.sharding == "fsdp" and self.dist.enabled:  # before anything trains or loads
+            from slime_gb10.grpo.sharded_checkpoint import unseen_by
+            from slime_gb10.utils.atomic import OutputPathError
+
+            problem = unseen_by(self.run_dir, self.dist)
+            if problem:
+                raise OutputPathError(problem)
         resumed = None
         if resume:  # read the checkpoint (as data) before loading any model: fail early
             resumed = checkpoint.load_for_resume(self.run_dir if resume is True else Path(resume))

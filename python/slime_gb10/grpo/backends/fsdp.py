@@ -10,8 +10,9 @@ all-reduce's are (the loss is already divided by the global token count), and in
 What FSDP asks of the loop: every rank runs the same number of forwards and backwards (each one
 all-gathers), so :func:`pad_microbatches` evens out the micro-batch counts that zero-variance
 filtering leaves unequal, with micro-batches of no tokens; the gradient norm, the weight sync
-(:func:`full_tensors`, one weight at a time) and the state dicts (:func:`full_state_dict`) are
-collectives that every rank calls in the same order.
+(:func:`full_tensors`, one weight at a time), the final model (:func:`full_model_state_dict`) and
+the sharded checkpoints (``grpo/sharded_checkpoint.py``) are collectives that every rank calls in
+the same order.
 
 On unified memory (GB10) there is no separate host memory to offload optimizer state to: CPU
 offload would move it between two views of the same LPDDR5x, so it is not offered.
@@ -77,44 +78,13 @@ def meta_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[st
         yield name, torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
 
 
-def full_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """Model and optimizer state as one process would hold them, gathered to rank 0's CPU memory
-    (the other ranks get empty dicts): what a checkpoint of a sharded run holds, so that it loads
-    into an unsharded run too (the optimizer's state keyed by parameter name). Rank 0 holds the
-    whole state for a moment, 16 bytes a parameter: sharded checkpoint files
-    (``torch.distributed.checkpoint``) are the next step (issue #40)."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
-
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return {
-        "model": get_model_state_dict(model, options=options),
-        "optimizer": get_optimizer_state_dict(model, optimizer, options=options),
-    }
-
-
 def full_model_state_dict(model: nn.Module) -> dict:
-    """The model's state alone, gathered as :func:`full_state_dict` gathers it (the final model)."""
+    """The model's state, gathered to rank 0's CPU memory (the other ranks get an empty dict): the
+    final model, written whole as a Hugging Face model. Checkpoints stay sharded
+    (``sharded_checkpoint.py``)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
-def load_full_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
-    """:func:`full_state_dict`'s state back into the shards: rank 0's copy, broadcast (every rank
-    read the checkpoint; rank 0's decides, as its weights do at a fresh start)."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
-
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    set_model_state_dict(model, state["model"], options=options)
-    set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
 
 
 def pad_microbatches(prepared: list[list], dist, empty) -> None:

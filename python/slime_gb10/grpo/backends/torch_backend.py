@@ -153,6 +153,18 @@ def _adam_settings(train: TrainConfig) -> dict:
     return {"betas": tuple(train.adam_betas), "eps": train.adam_eps, "weight_decay": train.weight_decay}
 
 
+def _optimizer_state_by_name(model, state: dict) -> dict:
+    """``torch.optim``'s state dict, whose parameters are numbered in the order the optimizer got
+    them (the model's parameters that require grad, as :class:`TorchPolicyBackend` passes them),
+    keyed by parameter name instead: the form the sharded state-dict API takes."""
+    names = [name for name, p in model.named_parameters() if p.requires_grad]
+    by_name = lambda i: names[i] if isinstance(i, int) else i  # noqa: E731
+    return {
+        "state": {by_name(i): value for i, value in state["state"].items()},
+        "param_groups": [{**g, "params": [by_name(i) for i in g["params"]]} for g in state["param_groups"]],
+    }
+
+
 class TorchPolicyBackend(PolicyBackend):
     def __init__(
         self,
@@ -372,31 +384,59 @@ class TorchPolicyBackend(PolicyBackend):
         )
 
     def state_dict(self) -> dict:
-        """Model, optimizer and schedule; sharded (FSDP) gathered whole on every rank (a collective)."""
+        """Model, optimizer and schedule, whole (unsharded: a sharded run checkpoints
+        :meth:`sharded_state` instead)."""
         if self.sharded:
-            from slime_gb10.grpo.backends.fsdp import full_state_dict
-
-            return {**full_state_dict(self.model, self.optimizer), "scheduler": self.scheduler.state_dict()}
+            raise RuntimeError(
+                "a sharded backend's state is written by sharded_state (sharded_checkpoint.py)"
+            )
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
         }
 
-    def load_state_dict(self, state: dict) -> None:
-        if self.sharded:
-            from slime_gb10.grpo.backends.fsdp import load_full_state_dict
+    def sharded_state(self) -> dict:
+        """This rank's part of model, optimizer and schedule for a sharded checkpoint
+        (``torch.distributed.checkpoint``): the weights and Adam moments keyed by parameter name, as
+        DTensor shards when sharded, whole tensors when not, so any world size reads them back."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
 
-            if any(isinstance(key, int) for key in state["optimizer"].get("state", {})):
-                raise ValueError(
-                    "its optimizer state is a data-parallel run's (train.sharding=none); resume it with "
-                    "train.sharding=none, or start the sharded run afresh from its final model"
-                )
-            load_full_state_dict(self.model, self.optimizer, state)
+        model, optimizer = get_state_dict(self.model, self.optimizer)
+        return {"model": model, "optimizer": optimizer, "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """A checkpoint's policy state: ``{"sharded_checkpoint": dir}`` (read through DCP at this
+        run's world size and sharding, whatever they were when written), or a whole state dict."""
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        if "sharded_checkpoint" in state:
+            from slime_gb10.grpo.sharded_checkpoint import load_sharded
+
+            loaded = load_sharded(Path(state["sharded_checkpoint"]), self.sharded_state())
+            set_state_dict(
+                self.model,
+                self.optimizer,
+                model_state_dict=loaded["model"],
+                optim_state_dict=loaded["optimizer"],
+            )
+            self.scheduler.load_state_dict(loaded["scheduler"])
+        elif self.sharded:
+            # a whole state (an unsharded run's checkpoint): every rank read it; rank 0's is scattered
+            from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+            set_state_dict(
+                self.model,
+                self.optimizer,
+                model_state_dict=state["model"],
+                optim_state_dict=_optimizer_state_by_name(self.model, state["optimizer"]),
+                options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+            )
+            self.scheduler.load_state_dict(state["scheduler"])
         else:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+            self.scheduler.load_state_dict(state["scheduler"])
         self._apply_optimizer_settings()
 
     def _apply_optimizer_settings(self) -> None:

@@ -1,0 +1,248 @@
+"""Sharded checkpoints (train.sharding=fsdp, issue #40) through torch.distributed.checkpoint: each
+rank writes its shards; the checkpoint is whole or absent; it loads back at the same world size and
+at another (resharding 2 -> 1); and it is read as data. Whole sharded runs through the CLI (exact
+resume, resume on one rank): test_distributed.py."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+import torch
+
+from slime_gb10.grpo.distributed import DistContext
+from slime_gb10.grpo.sharded_checkpoint import (
+    UnsafeCheckpoint,
+    is_sharded_checkpoint,
+    load_sharded,
+    read_metadata_as_data,
+    save_sharded,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def _backend(model_dir, sharding="none"):
+    from slime_gb10.grpo.backends.torch_backend import TorchPolicyBackend
+    from slime_gb10.grpo.config import build_config
+    from slime_gb10.grpo.models import load_causal_lm
+
+    cfg = build_config(overrides={"train.lr": 1e-2, "train.adam_eps": 1e-3})
+    model = load_causal_lm(str(model_dir), dtype=torch.float32)
+    return TorchPolicyBackend(model, None, "cpu", train=cfg.train, sharding=sharding), cfg
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, tokenizer):
+    from slime_gb10.grpo.models import write_random_model
+
+    return write_random_model(tmp_path_factory.mktemp("sharded") / "model", tokenizer, tied=False)
+
+
+def _train_once(backend, cfg, dist=None):
+    from slime_gb10.grpo.batching import Sample, update_policy
+
+    samples = [Sample([3, 4], [5, 6, 7], [-3.0] * 3, 1.0, 1.0, truncated=False),
+               Sample([3, 9], [8, 6], [-3.0] * 2, -1.0, 1.0, truncated=False)]  # fmt: skip
+    update_policy(backend, samples, cfg, dist or DistContext(), 0)
+
+
+def _whole(backend) -> dict[str, torch.Tensor]:
+    """Weights and Adam moments by name, whole (what a checkpoint must give back)."""
+    state = backend.sharded_state()
+    out = {f"model.{k}": v for k, v in state["model"].items()}
+    for name, moments in state["optimizer"]["state"].items():
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            out[f"optimizer.{name}.{key}"] = moments[key]
+    return {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in out.items()}
+
+
+def test_one_rank_round_trip_and_metadata_read_as_data(model_dir, tmp_path):
+    """World size 1 (no process group): a trained backend's state, written sharded and read into a
+    fresh backend, gives back every weight, moment, step count and the schedule bit for bit; the
+    metadata our reader admits is the one pickle.load reads."""
+    backend, cfg = _backend(model_dir)
+    _train_once(backend, cfg)
+    target = tmp_path / "checkpoints" / "step-000001"
+    save_sharded(target, backend.sharded_state(), {"step": 1}, DistContext(), reason="test")
+    assert is_sharded_checkpoint(target)
+    assert sorted(p.name for p in (target / "policy").iterdir()) == [".metadata", "__0_0.distcp"]
+    assert json.loads((target / "meta.json").read_text())["sharded"]["world_size"] == 1
+    assert not [p for p in target.parent.iterdir() if p.name.startswith(".")]  # no temporary left
+
+    with open(target / "policy/.metadata", "rb") as f:
+        assert read_metadata_as_data(target / "policy/.metadata") == pickle.load(f)
+
+    fresh, _ = _backend(model_dir)
+    fresh.load_state_dict({"sharded_checkpoint": str(target)})
+    want, got = _whole(backend), _whole(fresh)
+    assert set(got) == set(want) and any(k.endswith("exp_avg_sq") for k in want)
+    for key, value in want.items():
+        assert torch.equal(got[key], value), key
+    assert fresh.scheduler.state_dict() == backend.scheduler.state_dict()
+
+
+class _Marker:
+    """A pickled object whose unpickling would create a file: the proof that code ran."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_tampered_metadata_and_items_are_refused_without_running(model_dir, tmp_path):
+    backend, cfg = _backend(model_dir)
+    _train_once(backend, cfg)
+    target = tmp_path / "step-000001"
+    save_sharded(target, backend.sharded_state(), {"step": 1}, DistContext(), reason="test")
+    proof = tmp_path / "ran"
+
+    metadata = target / "policy/.metadata"
+    metadata.write_bytes(pickle.dumps(_Marker(str(proof))))
+    with pytest.raises(UnsafeCheckpoint, match=r"\.metadata' is not data: it names (io|builtins)\.open"):
+        read_metadata_as_data(metadata)
+    fresh, _ = _backend(model_dir)
+    with pytest.raises(ValueError, match="is not data"):
+        fresh.load_state_dict({"sharded_checkpoint": str(target)})
+    metadata.write_bytes(b"\x80\x05not a pickle")
+    with pytest.raises(UnsafeCheckpoint, match="is not DCP metadata"):
+        read_metadata_as_data(metadata)
+    assert not proof.exists()
+
+    # a non-tensor item (DCP stores it with torch.save) that would run code when loaded
+    import torch.distributed.checkpoint as dcp
+
+    from slime_gb10.grpo.sharded_checkpoint import POLICY_DIR
+
+    evil = tmp_path / "evil"
+    dcp.save(
+        {"x": torch.zeros(2), "y": _Marker(str(proof))},
+        storage_writer=dcp.FileSystemWriter(evil / POLICY_DIR),
+    )
+    assert not proof.exists()
+    with pytest.raises(ValueError, match=r"(?i)weights.only|unpickl"):
+        load_sharded(evil, {"x": torch.ones(2), "y": None})
+    assert not proof.exists()
+
+
+TWO_RANKS = r"""
+import json, os, sys, torch, torch.distributed as dist
+from pathlib import Path
+sys.path.insert(0, os.path.dirname(sys.argv[3]))
+from test_sharded_checkpoint import _backend, _train_once, _whole
+from slime_gb10.grpo.distributed import DistContext
+from slime_gb10.grpo.sharded_checkpoint import save_sharded
+
+dist.init_process_group("gloo")
+torch.set_num_threads(1)
+rank = dist.get_rank()
+ctx = DistContext(rank=rank, world_size=2, timeout_s=120)
+out = Path(sys.argv[2])
+backend, cfg = _backend(sys.argv[1], "fsdp")
+assert backend.sharded
+_train_once(backend, cfg, ctx)
+whole = _whole(backend)
+if rank == 0:
+    torch.save(whole, out / "whole.pt")
+
+# a rank that fails to write: every rank raises, nothing is left behind
+import torch.distributed.checkpoint as dcp
+real = dcp.FileSystemWriter.write_data
+def failing(self, plan, planner):
+    if rank == 1:
+        raise OSError(28, "No space left on device")
+    return real(self, plan, planner)
+dcp.FileSystemWriter.write_data = failing
+target = out / "checkpoints" / "step-000001"
+try:
+    save_sharded(target, backend.sharded_state(), {"step": 1}, ctx, reason="test")
+    failed = None
+except RuntimeError as exc:
+    failed = str(exc)
+dcp.FileSystemWriter.write_data = real
+dist.barrier()
+left = sorted(p.name for p in (out / "checkpoints").iterdir())
+
+save_sharded(target, backend.sharded_state(), {"step": 1}, ctx, reason="test")
+files = sorted(p.name for p in (target / "policy").iterdir())
+fresh, _ = _backend(sys.argv[1], "fsdp")
+fresh.load_state_dict({"sharded_checkpoint": str(target)})
+again = _whole(fresh)
+same = all(torch.equal(again[k], whole[k]) for k in whole) and set(again) == set(whole)
+
+# a data-parallel run's whole checkpoint state (optimizer keyed by number) into a sharded run: 1 -> 2
+plain, _ = _backend(sys.argv[1], "none")
+_train_once(plain, cfg)
+sharded, _ = _backend(sys.argv[1], "fsdp")
+sharded.load_state_dict(plain.state_dict())
+want, got = _whole(plain), _whole(sharded)
+from_plain = set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
+print(json.dumps({"rank": rank, "failed": failed, "left": left, "files": files, "same": same,
+                  "scheduler": fresh.scheduler.state_dict() == backend.scheduler.state_dict(),
+                  "from_plain": from_plain}))
+dist.destroy_process_group()
+"""
+
+
+def test_two_ranks_write_their_shards_whole_or_not_at_all_and_one_rank_reads_them(
+    model_dir, tmp_path, torchrun
+):
+    """Real FSDP2 over gloo: a failed write on rank 1 is an error on both ranks naming it and leaves
+    no directory; a good one holds one shard file per rank; a fresh sharded backend on 2 ranks and an
+    unsharded one on 1 rank (resharding) both read back every weight, Adam moment and step count bit
+    for bit (against the 2-rank state gathered before the save); and a data-parallel run's whole
+    state (its optimizer's parameters numbered, not named) loads into a sharded run (1 -> 2)."""
+    script = tmp_path / "two_ranks.py"
+    script.write_text(TWO_RANKS)
+    run = torchrun(str(script), str(model_dir), str(tmp_path), __file__, timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+    rows = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    assert sorted(r["rank"] for r in rows) == [0, 1]
+    for r in rows:
+        assert r["failed"] and "rank 1" in r["failed"] and "No space left" in r["failed"], r
+        assert r["left"] == [], r
+        assert r["files"] == [".metadata", "__0_0.distcp", "__1_0.distcp"], r
+        assert r["same"] and r["scheduler"] and r["from_plain"], r
+
+    whole = torch.load(tmp_path / "whole.pt", weights_only=True)
+    one, _ = _backend(model_dir)
+    assert not one.sharded
+    one.load_state_dict({"sharded_checkpoint": str(tmp_path / "checkpoints" / "step-000001")})
+    got = _whole(one)
+    assert set(got) == set(whole)
+    for key, value in whole.items():
+        assert torch.equal(got[key], value), key
+
+
+class _TwoNodes:
+    """Rank 0 of two, whose other rank (another node) answers ``theirs`` to every gather."""
+
+    is_main, world_size = True, 2
+
+    def __init__(self, theirs):
+        self.theirs = theirs
+
+    def gather(self, obj):
+        return [obj, self.theirs]
+
+
+def test_a_rank_that_cannot_see_the_directory_is_refused_before_anything_is_written(model_dir, tmp_path):
+    """Two Sparks without a shared --output: the other node cannot see rank 0's directory (it says
+    so in the gather); the save is refused in one line naming the fix and leaves nothing behind. The
+    trainer asks the same question of the run directory before it loads anything."""
+    from slime_gb10.grpo.sharded_checkpoint import unseen_by
+
+    assert unseen_by(tmp_path, _TwoNodes(True)) is None
+    problem = unseen_by(tmp_path, _TwoNodes(False))
+    assert (
+        problem.startswith("rank(s) 1 cannot see rank 0's directory")
+        and "filesystem every node mounts" in problem
+    )
+    backend, _ = _backend(model_dir)
+    target = tmp_path / "checkpoints" / "step-000001"
+    with pytest.raises(RuntimeError, match="rank\\(s\\) 1 cannot see"):
+        save_sharded(target, backend.sharded_state(), {"step": 1}, _TwoNodes(False), reason="test")
+    assert list((tmp_path / "checkpoints").iterdir()) == []
