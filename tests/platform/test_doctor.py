@@ -757,3 +757,28 @@ def test_the_report_order_comes_from_the_registry_whatever_was_imported_first():
             [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
         )
         assert json.loads(out.stdout) == expected, first
+
+
+def test_a_probe_child_that_printed_nothing_is_the_checks_failure_naming_how_it_ended(monkeypatch):
+    """``ChildResult.failed``, which the probing checks share: None when the child printed its JSON
+    line; else one line, "<what> <how it ended><then>", as a failure or a warning, with the fix.
+    Through a real check too: cublas_bf16 whose child was killed by the time limit."""
+    from slime_gb10.platform import checks_system
+    from slime_gb10.platform.checks import ChildResult, DoctorContext
+
+    assert ChildResult(0, "{}", "", {}).failed("x", "the probe", "fix it") is None
+    crashed = ChildResult(1, "", "Traceback (most recent call last):\n  ...\nValueError: boom\n", None)
+    result = crashed.failed("x", "the probe", "fix it", warn=True, then=" (blocker #12)", extra=1)
+    assert (result.status, result.reason, result.fix) == (
+        "warn",
+        "the probe exited 1: ValueError: boom (blocker #12)",
+        "fix it",
+    )
+    assert result.details == {"extra": 1}
+    killed = ChildResult(-9, "", "", None).failed("x", "the probe", "fix it")
+    assert (killed.status, killed.reason) == ("fail", "the probe was killed by signal 9")
+
+    monkeypatch.setattr(checks_system, "run_child_module", lambda *a, **k: ChildResult(None, "", "", None))
+    check = checks_system.check_cublas_bf16(DoctorContext())
+    assert check.status == "fail" and check.reason == "the BF16 GEMM ran past its time limit and was killed"
+    assert "reinstall a CUDA 13 torch" in check.fix

@@ -25,12 +25,12 @@ def check_grpo_backends(ctx: DoctorContext) -> CheckResult:
             "grpo_backends", f"auto = torch+torch (the portable PyTorch path; {ctx.no_gpu_reason()})"
         )
     child = run_child_module("slime_gb10.grpo.probe_backends", ctx.timeout_s)
-    if child.data is None:
-        return CheckResult.warn(
-            "grpo_backends",
-            f"probing the SGLang / Megatron backends {child.how_it_ended()}; training falls back to torch+torch",
-            "run: python -c 'import slime_gb10.grpo.engines.sglang_engine' to see the error",
-        )
+    fix = "run: python -c 'import slime_gb10.grpo.engines.sglang_engine' to see the error"
+    then = "; training falls back to torch+torch"
+    if failed := child.failed(
+        "grpo_backends", "probing the SGLang / Megatron backends", fix, warn=True, then=then
+    ):
+        return failed
     (sglang_ok, sglang_why), (megatron_ok, megatron_why) = child.data["sglang"], child.data["megatron"]
     pair = grpo_backend_pair(sglang_ok, megatron_ok)
     reason = f"auto = {pair} (sglang: {sglang_why}; megatron: {megatron_why})"

@@ -29,8 +29,8 @@ def check_te_nvfp4(ctx: DoctorContext) -> CheckResult:
             "te_nvfp4", f"NVFP4 tensor cores need Blackwell; this GPU is {sm_arch(ctx.capability)}"
         )
     child = run_child_module("slime_gb10.nvfp4.probe_te_nvfp4", ctx.timeout_s)
-    if child.data is None:
-        return CheckResult.fail("te_nvfp4", f"the TE NVFP4 probe {child.how_it_ended()}", _TE_REBUILD)
+    if failed := child.failed("te_nvfp4", "the TE NVFP4 probe", _TE_REBUILD):
+        return failed
     data = child.data
     if not data["has_recipe"]:
         return CheckResult.fail(
@@ -62,12 +62,9 @@ def check_w4a16_kernels(ctx: DoctorContext) -> CheckResult:
             "w4a16_kernels", "Triton is not installed: w4a16 dequantizes and calls cuBLAS"
         )
     child = run_child_module("slime_gb10.nvfp4.probe_w4a16", ctx.timeout_s)
-    if child.data is None:
-        return CheckResult.fail(
-            "w4a16_kernels",
-            f"the W4A16 probe {child.how_it_ended()}",
-            "run `slime-gb10 doctor` again with a longer --timeout; check the triton_jit line",
-        )
+    fix = "run `slime-gb10 doctor` again with a longer --timeout; check the triton_jit line"
+    if failed := child.failed("w4a16_kernels", "the W4A16 probe", fix):
+        return failed
     data = child.data
     triton_err, wide_err = data.get("triton"), data.get("wide")
     for name, err in (("Triton W4A16 kernel", triton_err), ("wide Triton W4A16 kernel (M > 16)", wide_err)):

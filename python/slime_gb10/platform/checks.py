@@ -198,6 +198,16 @@ class ChildResult:
             return f"was killed by signal {-self.returncode}"
         return f"exited {self.returncode}: {self.error_line()}"
 
+    def failed(
+        self, check: str, what: str, fix: str, *, warn: bool = False, then: str = "", **details
+    ) -> CheckResult | None:
+        """None when the probe printed its JSON line; else the check's failure (a warning with
+        ``warn``): "``what`` <how the child ended>``then``", with ``fix``."""
+        if self.data is not None:
+            return None
+        make = CheckResult.warn if warn else CheckResult.fail
+        return make(check, f"{what} {self.how_it_ended()}{then}", fix, **details)
+
 
 def run_child_module(
     module: str, timeout_s: float, env: dict[str, str] | None = None, args: tuple[str, ...] = ()

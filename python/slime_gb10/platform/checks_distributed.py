@@ -61,14 +61,10 @@ def check_distributed(ctx: DoctorContext) -> CheckResult:
     child = run_child_module("slime_gb10.platform.probes.all_reduce", ctx.timeout_s + 10, env)
     nccl_env = {k: os.environ[k] for k in NCCL_VARIABLES if k in os.environ}
     details = {"rdma_devices": devices, "nccl_env": nccl_env, **(child.data or {})}
-    if child.data is None:
-        return CheckResult.fail(
-            "distributed",
-            f"the all-reduce between the {world} ranks {child.how_it_ended()}",
-            "check that every rank reaches MASTER_ADDR:MASTER_PORT and the NCCL variables (NCCL_SOCKET_IFNAME, "
-            "NCCL_IB_HCA); rerun with NCCL_DEBUG=INFO to see which transport fails",
-            **details,
-        )
+    fix = ("check that every rank reaches MASTER_ADDR:MASTER_PORT and the NCCL variables (NCCL_SOCKET_IFNAME, "
+           "NCCL_IB_HCA); rerun with NCCL_DEBUG=INFO to see which transport fails")  # fmt: skip
+    if failed := child.failed("distributed", f"the all-reduce between the {world} ranks", fix, **details):
+        return failed
     data = child.data
     if not data.get("correct"):
         return CheckResult.fail(

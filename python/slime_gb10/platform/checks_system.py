@@ -338,12 +338,9 @@ def check_triton_jit(ctx: DoctorContext) -> CheckResult:
 def check_cublas_bf16(ctx: DoctorContext) -> CheckResult:
     """A cuBLAS BF16 GEMM agrees with a float64 reference (relative Frobenius error < 1e-2)."""
     child = run_child_module("slime_gb10.platform.probes.cublas_bf16", ctx.timeout_s)
-    if child.data is None:
-        return CheckResult.fail(
-            "cublas_bf16",
-            f"the BF16 GEMM {child.how_it_ended()}",
-            f"check the driver and torch lines; reinstall a CUDA 13 torch: {TORCH_CU130}",
-        )
+    fix = f"check the driver and torch lines; reinstall a CUDA 13 torch: {TORCH_CU130}"
+    if failed := child.failed("cublas_bf16", "the BF16 GEMM", fix):
+        return failed
     rel = child.data["rel_err"]
     # Inputs are exact in both; the only error is FP32 accumulation + one BF16 rounding of the output
     # (unit roundoff 2^-9 ~ 2e-3), so a correct GEMM is far below 1e-2.
@@ -513,10 +510,8 @@ def check_sglang_router(ctx: DoctorContext) -> CheckResult:
     child = run_child_module(
         "slime_gb10.platform.probes.import_module", ctx.timeout_s, args=("sglang_router",)
     )
-    if child.data is None:
-        return CheckResult.warn(
-            "sglang_router", f"import sglang_router {child.how_it_ended()} (blocker #12)", fix
-        )
+    if failed := child.failed("sglang_router", "import sglang_router", fix, warn=True, then=" (blocker #12)"):
+        return failed
     return CheckResult.ok(
         "sglang_router",
         f"sglang_router {child.data.get('version') or dist_version('sglang-router')} imports",
