@@ -173,6 +173,14 @@ def test_fsdp_on_two_ranks_takes_the_one_rank_step_and_resumes_exactly(model_dir
     assert last["step"] == 2 and last["reward_mean"] == reference["reward_mean"]
     assert last["loss"] == pytest.approx(reference["loss"], rel=1e-4, abs=1e-7)
 
+    # a tampered index (DCP's .metadata is a pickle) is refused as data, in one line, before any load
+    step2 = tmp_path / "split/checkpoints/step-000002"  # written by 2 sharded ranks
+    command = f"touch {tmp_path / 'pwned'}".encode()
+    (step2 / "policy/.metadata").write_bytes(b"cos\nsystem\n(V" + command + b"\ntR.")
+    tampered = train(model_dir, tmp_path / "split", "--steps", "3", "--resume", str(step2), *fsdp)
+    assert tampered.returncode == 1 and "Traceback" not in tampered.stderr, tampered.stderr[-3000:]
+    assert "is not data: it names os.system" in tampered.stderr and not (tmp_path / "pwned").exists()
+
 
 def test_two_ranks_resume_exactly_and_on_one_rank(model_dir, tmp_path):
     full = train(model_dir, tmp_path / "full", "--steps", "2", ranks=2)

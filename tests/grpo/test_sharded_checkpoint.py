@@ -101,6 +101,22 @@ def test_tampered_metadata_and_items_are_refused_without_running(model_dir, tmp_
     proof = tmp_path / "ran"
 
     metadata = target / "policy/.metadata"
+    genuine = metadata.read_bytes()
+    # BUILD on an admitted class (not an instance) would rewrite it for the whole process: here
+    # PosixPath's _str, after which every path names the attacker's file (found in review)
+    build_on_a_class = (
+        genuine[:2] + b"cpathlib\nPosixPath\nN}X\x04\x00\x00\x00_strX\x01\x00\x00\x00xs\x86b0" + genuine[2:]
+    )
+    metadata.write_bytes(build_on_a_class)
+    with pytest.raises(UnsafeCheckpoint, match=r"is not data: its BUILD sets the state of <class 'pathlib"):
+        read_metadata_as_data(metadata)
+    assert str(tmp_path / "a") != "x"
+    outside = pickle.loads(genuine)
+    for info in outside.storage_data.values():
+        info.relative_path = "../../elsewhere.distcp"
+    metadata.write_bytes(pickle.dumps(outside))
+    with pytest.raises(UnsafeCheckpoint, match=r"points outside its directory \('\.\./\.\./elsewhere"):
+        read_metadata_as_data(metadata)
     metadata.write_bytes(pickle.dumps(_Marker(str(proof))))
     with pytest.raises(UnsafeCheckpoint, match=r"\.metadata' is not data: it names (io|builtins)\.open"):
         read_metadata_as_data(metadata)
@@ -173,12 +189,18 @@ fresh.load_state_dict({"sharded_checkpoint": str(target)})
 again = _whole(fresh)
 same = all(torch.equal(again[k], whole[k]) for k in whole) and set(again) == set(whole)
 
-# a data-parallel run's whole checkpoint state (optimizer keyed by number) into a sharded run: 1 -> 2
+# a data-parallel run's whole checkpoint state (optimizer keyed by number) into a sharded run: 1 -> 2.
+# Rank 1 holds another state (two steps): rank 0's is the checkpoint's, scattered to both.
 plain, _ = _backend(sys.argv[1], "none")
-_train_once(plain, cfg)
+for _ in range(1 + rank):
+    _train_once(plain, cfg)
+if rank == 0:
+    torch.save(_whole(plain), out / "plain0.pt")
+dist.barrier()
+want = torch.load(out / "plain0.pt", weights_only=True)
 sharded, _ = _backend(sys.argv[1], "fsdp")
 sharded.load_state_dict(plain.state_dict())
-want, got = _whole(plain), _whole(sharded)
+got = _whole(sharded)
 from_plain = set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
 print(json.dumps({"rank": rank, "failed": failed, "left": left, "files": files, "same": same,
                   "scheduler": fresh.scheduler.state_dict() == backend.scheduler.state_dict(),
@@ -194,7 +216,8 @@ def test_two_ranks_write_their_shards_whole_or_not_at_all_and_one_rank_reads_the
     no directory; a good one holds one shard file per rank; a fresh sharded backend on 2 ranks and an
     unsharded one on 1 rank (resharding) both read back every weight, Adam moment and step count bit
     for bit (against the 2-rank state gathered before the save); and a data-parallel run's whole
-    state (its optimizer's parameters numbered, not named) loads into a sharded run (1 -> 2)."""
+    state (its optimizer's parameters numbered, not named) loads into a sharded run (1 -> 2): rank
+    0's, though rank 1 read a different one."""
     script = tmp_path / "two_ranks.py"
     script.write_text(TWO_RANKS)
     run = torchrun(str(script), str(model_dir), str(tmp_path), __file__, timeout=300)
@@ -246,3 +269,82 @@ def test_a_rank_that_cannot_see_the_directory_is_refused_before_anything_is_writ
     with pytest.raises(RuntimeError, match="rank\\(s\\) 1 cannot see"):
         save_sharded(target, backend.sharded_state(), {"step": 1}, _TwoNodes(False), reason="test")
     assert list((tmp_path / "checkpoints").iterdir()) == []
+    # rank 0 cannot even make the directory: its failure goes through the gather (no rank waits)
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(RuntimeError, match="a_file"):
+        save_sharded(tmp_path / "a_file" / "step-000001", backend.sharded_state(), {"step": 1},
+                     _TwoNodes((None, None)), reason="test")  # fmt: skip
+
+
+def test_a_checkpoint_of_step_0_holds_no_moments_and_its_save_takes_no_step(model_dir, tmp_path):
+    """Before the first update the optimizer has no state. DCP's state-dict API would make one by
+    stepping on zero gradients and count that step (found in review: the first real update then
+    came out 0.59x its size); the save writes the weights alone and leaves the optimizer as it was,
+    and the load leaves the fresh optimizer empty."""
+    from slime_gb10.grpo.sharded_checkpoint import has_optimizer_state
+
+    backend, cfg = _backend(model_dir)
+    target = tmp_path / "step-000000"
+    save_sharded(target, backend.sharded_state(), {"step": 0}, DistContext(), reason="interrupt")
+    assert backend.optimizer.state == {} and not has_optimizer_state(target)
+    fresh, _ = _backend(model_dir)
+    fresh.load_state_dict({"sharded_checkpoint": str(target)})
+    assert fresh.optimizer.state == {}
+    _train_once(backend, cfg)
+    _train_once(fresh, cfg)
+    for name, value in backend.model.state_dict().items():
+        assert torch.equal(fresh.model.state_dict()[name], value), name
+
+
+def test_an_incomplete_step_directory_makes_way_and_another_models_state_is_one_line(
+    model_dir, tmp_path, tokenizer
+):
+    """A step-N without meta.json (a crash's leftover, an NFS remove that left a file) is replaced,
+    not an error; a data-parallel state of another model is a ValueError naming it (restore turns
+    it into one line), not an IndexError."""
+    from slime_gb10.grpo.backends.torch_backend import _optimizer_state_by_name
+
+    backend, cfg = _backend(model_dir)
+    _train_once(backend, cfg)
+    target = tmp_path / "checkpoints" / "step-000001"
+    (target / "policy").mkdir(parents=True)
+    (target / ".nfs0001").write_text("left behind")
+    save_sharded(target, backend.sharded_state(), {"step": 1}, DistContext(), reason="test")
+    assert is_sharded_checkpoint(target) and not (target / ".nfs0001").exists()
+    assert sorted(p.name for p in target.parent.iterdir()) == ["step-000001"]
+
+    state = backend.state_dict()["optimizer"]
+    state["param_groups"][0]["params"] = state["param_groups"][0]["params"][:-1]
+    with pytest.raises(ValueError, match=r"optimizer state is of \d+ parameters, this model trains \d+"):
+        _optimizer_state_by_name(backend.model, state)
+
+
+class _RankOne:
+    """Rank 1 of two: rank 0's answer to each gather is scripted."""
+
+    enabled, is_main, rank, world_size = True, False, 1, 2
+
+    def __init__(self, *theirs):
+        self.theirs = list(theirs)
+
+    def gather(self, obj):
+        return [self.theirs.pop(0), obj]
+
+
+def test_every_rank_resumes_the_checkpoint_rank_0_chose(tmp_path):
+    """Rank 0 picks the checkpoint (here step 1: it could not read step 2); rank 1 reads that one,
+    not the newest it sees; a problem on rank 0 is rank 1's error too."""
+    from slime_gb10.grpo.checkpoint import CheckpointError, agreed_resume, save_checkpoint
+
+    for step in (1, 2):
+        save_checkpoint(tmp_path, step, {"model": {}}, {"step": step}, keep=5)
+    chosen = str(tmp_path / "checkpoints" / "step-000001")
+    path, _, trainer = agreed_resume(tmp_path, _RankOne((chosen, None), None))
+    assert str(path) == chosen and trainer["step"] == 1
+    problem = "--resume: no readable checkpoint under ..."
+    with pytest.raises(CheckpointError, match="no readable checkpoint"):
+        agreed_resume(tmp_path, _RankOne((None, problem), problem))
+    # rank 0 chose one that rank 1 cannot read: rank 1 says so, and every rank raises that
+    (tmp_path / "checkpoints/step-000001/trainer.pt").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="rank 1: cannot read checkpoint file"):
+        agreed_resume(tmp_path, _RankOne((chosen, None), None))

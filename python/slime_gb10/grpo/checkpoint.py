@@ -194,9 +194,14 @@ def load_checkpoint(path: str | Path) -> tuple[dict, dict]:
     p = Path(path)
     if not (p / "meta.json").is_file():
         raise CheckpointError(f"'{p}' is not a complete checkpoint (no meta.json)")
-    from slime_gb10.grpo.sharded_checkpoint import is_sharded_checkpoint
+    from slime_gb10.grpo.sharded_checkpoint import UnsafeCheckpoint, check_metadata, is_sharded_checkpoint
 
     sharded = is_sharded_checkpoint(p)  # read by the backend, through DCP, at its world size
+    if sharded:
+        try:
+            check_metadata(p)  # its index as data, now: before any model loads
+        except UnsafeCheckpoint as exc:
+            raise CheckpointError(f"cannot read checkpoint {exc}") from exc
     states = [{"sharded_checkpoint": str(p)}] if sharded else []
     for name in ("trainer.pt",) if sharded else ("policy.pt", "trainer.pt"):
         try:
@@ -244,6 +249,31 @@ def load_for_resume(target: str | Path) -> tuple[Path, dict, dict]:
             )
         return path, policy, trainer
     raise CheckpointError(f"--resume: no readable checkpoint under '{target / CHECKPOINT_DIR}': {errors[0]}")
+
+
+def agreed_resume(target: str | Path, dist) -> tuple[Path, dict, dict]:
+    """:func:`load_for_resume` for every rank of a run at once: rank 0 picks the checkpoint (the
+    newest it can read), every other rank reads that one, and a failure on any rank is the same
+    one-line error on all (a rank that fell back to an older checkpoint alone, or stopped alone
+    while the others went on to load, would train apart or leave them waiting)."""
+    if not dist.enabled:
+        return load_for_resume(target)
+    resumed, problem = None, None
+    if dist.is_main:
+        try:
+            resumed = load_for_resume(target)
+        except CheckpointError as exc:
+            problem = str(exc)
+    chosen, problem = dist.gather((None if resumed is None else str(resumed[0]), problem))[0]
+    if problem is None and not dist.is_main:
+        try:
+            resumed = (Path(chosen), *load_checkpoint(chosen))
+        except CheckpointError as exc:
+            problem = f"rank {dist.rank}: {exc}"
+    problems = [p for p in dist.gather(problem) if p]
+    if problems:
+        raise CheckpointError(problems[0])
+    return resumed
 
 
 def save(run, reason: str = "periodic", prune: bool = True) -> Path:

@@ -9,7 +9,7 @@ Whole or absent: every rank writes into one temporary directory that rank 0 made
 gathered to all), DCP reports any rank's failure to every rank, and rank 0 renames the finished
 directory into place; a crash leaves a ``.step-N.*.tmp`` that opening the run removes. Every rank
 must see that directory: on two Sparks, ``--output`` on a filesystem both mount (NFS); a node that
-cannot see it is refused in one line before anything is written.
+cannot see it is refused in one line before anything loads (the trainer asks at setup).
 
 Any world size can read it back: DCP plans each rank's reads from the chunks it needs, so a run
 resumed on fewer or more ranks, sharded or not, loads the same weights and moments (resharding).
@@ -17,9 +17,13 @@ resumed on fewer or more ranks, sharded or not, loads the same weights and momen
 Data, never code: DCP writes its ``.metadata`` with ``pickle`` and reads it back with a plain
 ``pickle.load``, and loads its non-tensor items (the optimizer's settings, the schedule) with
 ``torch.load(weights_only=False)``; either would run whatever a tampered checkpoint holds.
-:class:`DataOnlyReader` unpickles the metadata admitting only DCP's own metadata classes,
-``torch.Size``, dtypes and layouts (Python's documented "restricting globals"), and
-:class:`DataOnlyLoadPlanner` reads the items with ``weights_only=True``.
+:func:`read_metadata_as_data` unpickles the metadata admitting only DCP's own metadata classes,
+``torch.Size``, dtypes, layouts and paths, lets the pickle call and set the state of nothing else,
+and refuses a shard file named outside the checkpoint; :class:`DataOnlyLoadPlanner` reads the items
+with ``weights_only=True``. Resuming reads the metadata so before any model loads.
+
+Resuming agrees across ranks (``checkpoint.agreed_resume``): rank 0 picks the checkpoint and every
+rank reads that one. A checkpoint of step 0 holds no optimizer state (there is none yet).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
@@ -45,7 +49,8 @@ POLICY_DIR = "policy"
 _METADATA = ".metadata"
 
 # The globals a DCP ``.metadata`` pickle names (torch 2.11-2.13: read with pickletools from real
-# checkpoints of FSDP2 models and AdamW): its dataclasses, and how torch pickles sizes, layouts.
+# checkpoints of FSDP2 models, AdamW and a LambdaLR schedule): its dataclasses, and how torch pickles
+# sizes, layouts and dtypes; the writer's path (StorageMeta.checkpoint_id) is a pathlib path.
 _METADATA_CLASSES = {
     "torch.distributed.checkpoint.metadata": {
         "Metadata",
@@ -61,35 +66,104 @@ _METADATA_CLASSES = {
     "torch.serialization": {"_get_layout"},
     "torch": {"Size"},
     "collections": {"OrderedDict"},
-    # StorageMeta.checkpoint_id: the writer's path (a path object is a name, it touches nothing)
     "pathlib": {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},
     "pathlib._local": {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},  # Python 3.13
 }
+# Of those, what a pickle may call (REDUCE, NEWOBJ: build a size, a layout by name, an enum member,
+# a path, a dataclass) and whose instances it may set the state of (BUILD): never a class itself or
+# a function, whose attributes BUILD would otherwise rewrite for the whole process.
+_CALLABLE = {"Size", "_get_layout", "_MEM_FORMAT_ENCODING", "OrderedDict", "PosixPath", "PurePosixPath",
+             "WindowsPath", "PureWindowsPath", "Metadata", "TensorStorageMetadata", "BytesStorageMetadata",
+             "ChunkStorageMetadata", "TensorProperties", "MetadataIndex", "StorageMeta", "_StorageInfo"}  # fmt: skip
+_BUILDABLE = {"Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
+              "TensorProperties", "MetadataIndex", "StorageMeta", "_StorageInfo"}  # fmt: skip
 
 
 class UnsafeCheckpoint(UserError, ValueError):
-    """A checkpoint's metadata names something other than data."""
+    """A checkpoint's metadata is not DCP metadata made of data."""
 
 
-class _MetadataUnpickler(pickle.Unpickler):
+class _MetadataUnpickler(pickle._Unpickler):
+    """Python's pure-Python unpickler with its globals restricted (pickle's documented "restricting
+    globals") and, beyond that, its REDUCE, NEWOBJ and BUILD opcodes confined to the metadata's
+    classes: torch's own weights-only unpickler would do this, but it reads no pickle protocol
+    above 2 and DCP writes protocol 4 (FRAME is an unsupported opcode there)."""
+
+    def __init__(self, file):
+        super().__init__(file)
+        self._allowed = {}  # id -> the object find_class handed out
+
     def find_class(self, module: str, name: str) -> Any:
         if name in _METADATA_CLASSES.get(module, ()):
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        raise UnsafeCheckpoint(f"it names {module}.{name}, which is not checkpoint metadata")
+            found = super().find_class(module, name)
+        elif module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            found = getattr(torch, name)
+        else:
+            raise UnsafeCheckpoint(f"it names {module}.{name}, which is not checkpoint metadata")
+        self._allowed[id(found)] = name
+        return found
+
+    def _callable(self, obj: Any, opcode: str) -> None:
+        if self._allowed.get(id(obj)) not in _CALLABLE:
+            raise UnsafeCheckpoint(f"its {opcode} calls {obj!r}")
+
+    def load_reduce(self):
+        self._callable(self.stack[-2], "REDUCE")
+        super().load_reduce()
+
+    def load_newobj(self):
+        self._callable(self.stack[-2], "NEWOBJ")
+        super().load_newobj()
+
+    def load_newobj_ex(self):
+        self._callable(self.stack[-3], "NEWOBJ_EX")
+        super().load_newobj_ex()
+
+    def load_build(self):
+        target = self.stack[-2]
+        if isinstance(target, type) or self._allowed.get(id(type(target))) not in _BUILDABLE:
+            raise UnsafeCheckpoint(f"its BUILD sets the state of {target!r}")
+        super().load_build()
+
+    def load_inst(self):  # protocol 0/1: a call of a class named inline
+        raise UnsafeCheckpoint("it uses the INST opcode, which DCP never writes")
+
+    def load_obj(self):
+        raise UnsafeCheckpoint("it uses the OBJ opcode, which DCP never writes")
+
+    dispatch: ClassVar[dict] = {
+        **pickle._Unpickler.dispatch,
+        pickle.REDUCE[0]: load_reduce,
+        pickle.NEWOBJ[0]: load_newobj,
+        pickle.NEWOBJ_EX[0]: load_newobj_ex,
+        pickle.BUILD[0]: load_build,
+        pickle.INST[0]: load_inst,
+        pickle.OBJ[0]: load_obj,
+    }
 
 
 def read_metadata_as_data(path: str | os.PathLike) -> Any:
-    """A DCP ``.metadata`` file unpickled with only metadata classes admitted; anything else, or a
-    broken file, is an :class:`UnsafeCheckpoint` naming the file."""
+    """A DCP ``.metadata`` file unpickled with only metadata classes admitted and every file it
+    points at a plain name inside its directory; anything else, or a broken file, is an
+    :class:`UnsafeCheckpoint` naming the file."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
     try:
         with open(path, "rb") as f:
-            return _MetadataUnpickler(f).load()
+            metadata = _MetadataUnpickler(f).load()
     except UnsafeCheckpoint as exc:
         raise UnsafeCheckpoint(f"'{path}' is not data: {exc}") from None
-    except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError, IndexError) as exc:
+    except OSError as exc:
+        raise UnsafeCheckpoint(f"cannot read '{path}': {exc.strerror or exc}") from None
+    except Exception as exc:  # a truncated or garbled pickle, a bad layout name, a bad enum value...
         raise UnsafeCheckpoint(f"'{path}' is not DCP metadata ({type(exc).__name__}: {exc})") from None
+    if not isinstance(metadata, Metadata) or not isinstance(metadata.storage_data, dict):
+        raise UnsafeCheckpoint(f"'{path}' is not DCP metadata (it holds a {type(metadata).__name__})")
+    for info in metadata.storage_data.values():  # DCP opens each of these beside the .metadata
+        name = getattr(info, "relative_path", None)
+        if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+            raise UnsafeCheckpoint(f"'{path}' points outside its directory ({name!r})")
+    return metadata
 
 
 def _reader_classes():
@@ -171,14 +245,20 @@ def save_sharded(target: Path, state: dict, trainer_state: dict, dist, *, reason
     on every rank alike when any rank failed; nothing is left behind then."""
     import torch.distributed.checkpoint as dcp
 
-    from slime_gb10.utils.atomic import _finish_tree, _public_mode, ensure_writable_dir
+    from slime_gb10.utils.atomic import _public_mode, ensure_writable_dir, finish_directory
 
-    made = None
-    if dist.is_main:
-        parent = ensure_writable_dir(target.parent)
-        made = tempfile.mkdtemp(dir=parent, prefix=f".{target.name}.", suffix=".tmp")
-        _public_mode(made, directory=True)
-    tmp = Path(dist.gather(made)[0])
+    made, failure = None, None
+    if dist.is_main:  # rank 0 makes the directory; its outcome reaches every rank (no one waits)
+        try:
+            parent = ensure_writable_dir(target.parent)
+            made = tempfile.mkdtemp(dir=parent, prefix=f".{target.name}.", suffix=".tmp")
+            _public_mode(made, directory=True)
+        except (OSError, UserError) as exc:
+            failure = _one_line(exc)
+    made, failure = dist.gather((made, failure))[0]
+    if failure is not None:
+        raise RuntimeError(failure)
+    tmp = Path(made)
     try:
         problem = unseen_by(tmp, dist)
         if problem:
@@ -187,23 +267,26 @@ def save_sharded(target: Path, state: dict, trainer_state: dict, dist, *, reason
             dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp / POLICY_DIR, thread_count=1))
         except CheckpointException as exc:  # a BaseException, raised on every rank alike
             raise RuntimeError(_first_failure(exc)) from exc
-        failure = None
         if dist.is_main:
             try:
                 torch.save(trainer_state, tmp / "trainer.pt")
                 meta = {"step": trainer_state["step"], "reason": reason, "time": time.time(),
                         "sharded": {"world_size": dist.world_size, "format": "torch.distributed.checkpoint"}}  # fmt: skip
                 (tmp / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
-                _finish_tree(tmp)
-                os.replace(tmp, target)
+                finish_directory(tmp, target)  # an incomplete step-N left by a crash makes way
             except (OSError, RuntimeError) as exc:
-                failure = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                failure = _one_line(exc)
         failure = dist.gather(failure)[0]  # rank 0's outcome, for every rank
         if failure is not None:
             raise RuntimeError(failure)
     finally:
         if dist.is_main and tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
 
 
 def load_sharded(path: Path, template: dict) -> dict:
@@ -217,11 +300,21 @@ def load_sharded(path: Path, template: dict) -> dict:
     try:
         with _one_process_is_intended():
             dcp.load(template, storage_reader=reader_cls(path / POLICY_DIR), planner=planner_cls())
-    except UnsafeCheckpoint as exc:
-        raise ValueError(str(exc)) from exc
     except CheckpointException as exc:  # a BaseException, raised on every rank alike
         raise ValueError(_first_failure(exc)) from exc
     return template
+
+
+def check_metadata(path: str | os.PathLike) -> Any:
+    """The metadata of sharded checkpoint ``path``, read as data (:func:`read_metadata_as_data`):
+    what resuming reads before any model loads, so a tampered or broken checkpoint is refused
+    (or passed over for an older one) in one line."""
+    return read_metadata_as_data(Path(path) / POLICY_DIR / _METADATA)
+
+
+def has_optimizer_state(path: str | os.PathLike) -> bool:
+    """Whether the checkpoint holds Adam's moments (a checkpoint of step 0 has none to hold)."""
+    return any(name.startswith("optimizer.state.") for name in check_metadata(path).state_dict_metadata)
 
 
 def whole_state(path: str | os.PathLike, prefix: str = "model.") -> dict[str, torch.Tensor]:
@@ -231,7 +324,7 @@ def whole_state(path: str | os.PathLike, prefix: str = "model.") -> dict[str, to
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     reader_cls, planner_cls = _reader_classes()
-    metadata = read_metadata_as_data(Path(path) / POLICY_DIR / _METADATA)
+    metadata = check_metadata(path)
     flat = {
         name: torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
         for name, meta in metadata.state_dict_metadata.items()

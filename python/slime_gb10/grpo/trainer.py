@@ -119,7 +119,7 @@ class GRPOTrainer:
                 raise OutputPathError(problem)
         resumed = None
         if resume:  # read the checkpoint (as data) before loading any model: fail early
-            resumed = checkpoint.load_for_resume(self.run_dir if resume is True else Path(resume))
+            resumed = checkpoint.agreed_resume(self.run_dir if resume is True else Path(resume), self.dist)
         require_reporter(cfg.output.report_to)
         torch.manual_seed(cfg.train.seed)
         if cfg.train.deterministic:

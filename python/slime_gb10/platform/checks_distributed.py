@@ -43,6 +43,20 @@ def rdma_devices(root: Path = SYSFS_INFINIBAND) -> list[dict]:
     return devices
 
 
+#: bytes a parameter that one FSDP micro-batch (forward and backward) puts through the collectives
+#: (grpo/backends/fsdp.py: no mixed-precision policy, so the shards travel as they are kept): each
+#: layer's FP32 weights all-gathered for the forward and again for the backward, its FP32 gradients
+#: reduce-scattered (the root's embeddings, norm and head are gathered once: slightly less)
+FSDP_BYTES_PER_PARAMETER = 12
+
+
+def fsdp_seconds_per_billion(world: int, busbw_gbps: float) -> float:
+    """Seconds of all-gather and reduce-scatter that one sharded micro-batch of a 1B-parameter model
+    needs at the measured bus bandwidth: each rank moves (n - 1) / n of the bytes, at the bus
+    bandwidth (nccl-tests define it so for both collectives, as for the all-reduce measured)."""
+    return FSDP_BYTES_PER_PARAMETER * (world - 1) / world / busbw_gbps
+
+
 def _active(device: dict) -> bool:
     return any("ACTIVE" in port["state"] for port in device["ports"])
 
@@ -78,6 +92,10 @@ def check_distributed(ctx: DoctorContext) -> CheckResult:
     reason = (
         f"rank {data['rank']} of {world}: {transport}, all-reduce of {data['bytes'] >> 20} MiB correct, "
         f"{data['busbw_gbps']:.2f} GB/s bus bandwidth; RDMA devices: {rdma}"
+    )
+    reason += (
+        f"; a sharded micro-batch (train.sharding=fsdp) needs >= "
+        f"{fsdp_seconds_per_billion(world, data['busbw_gbps']):.2f} s of transfers per billion parameters"
     )
     multi_node = world > int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     sockets = multi_node and data["backend"] == "nccl" and not any(_active(d) for d in devices)

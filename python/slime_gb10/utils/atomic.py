@@ -112,19 +112,26 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     try:
         _public_mode(tmp, directory=True)
         yield tmp
-        _finish_tree(tmp)
-        if target.exists():
-            old = parent / f".{target.name}.old"
-            if old.exists():
-                shutil.rmtree(old)
-            os.replace(target, old)
-            os.replace(tmp, target)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, target)
+        finish_directory(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def finish_directory(tmp: Path, target: Path) -> None:
+    """Put the complete directory ``tmp`` (a sibling of ``target``) in ``target``'s place: its
+    files fsynced and given the umask's modes; an existing ``target`` is moved to ``.NAME.old``
+    first and removed after (:func:`clean_stale_siblings` puts it back if killed in between)."""
+    _finish_tree(tmp)
+    if target.exists():
+        old = target.parent / f".{target.name}.old"
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(target, old)
+        os.replace(tmp, target)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, target)
 
 
 def _finish_tree(root: Path) -> None:

@@ -158,6 +158,12 @@ def _optimizer_state_by_name(model, state: dict) -> dict:
     them (the model's parameters that require grad, as :class:`TorchPolicyBackend` passes them),
     keyed by parameter name instead: the form the sharded state-dict API takes."""
     names = [name for name, p in model.named_parameters() if p.requires_grad]
+    numbers = [i for g in state["param_groups"] for i in g["params"]]
+    if sorted(numbers) != list(range(len(names))):
+        raise ValueError(
+            f"its optimizer state is of {len(numbers)} parameters, this model trains {len(names)}: "
+            "another model's checkpoint"
+        )
     by_name = lambda i: names[i] if isinstance(i, int) else i  # noqa: E731
     return {
         "state": {by_name(i): value for i, value in state["state"].items()},
@@ -396,42 +402,56 @@ class TorchPolicyBackend(PolicyBackend):
             "scheduler": self.scheduler.state_dict(),
         }
 
-    def sharded_state(self) -> dict:
+    def sharded_state(self, with_optimizer: bool = False) -> dict:
         """This rank's part of model, optimizer and schedule for a sharded checkpoint
         (``torch.distributed.checkpoint``): the weights and Adam moments keyed by parameter name, as
-        DTensor shards when sharded, whole tensors when not, so any world size reads them back."""
-        from torch.distributed.checkpoint.state_dict import get_state_dict
+        DTensor shards when sharded, whole tensors when not, so any world size reads them back.
+        ``with_optimizer``: the optimizer's part even before its first step (the template a
+        checkpoint with moments loads into)."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
+        if not self.optimizer.state and not with_optimizer:
+            # before the first step there are no moments: none are written (get_state_dict would
+            # make some, by taking a step of zero gradients, and count it: step 1 before any step)
+            return {"model": get_model_state_dict(self.model), "scheduler": self.scheduler.state_dict()}
         model, optimizer = get_state_dict(self.model, self.optimizer)
         return {"model": model, "optimizer": optimizer, "scheduler": self.scheduler.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         """A checkpoint's policy state: ``{"sharded_checkpoint": dir}`` (read through DCP at this
         run's world size and sharding, whatever they were when written), or a whole state dict."""
-        from torch.distributed.checkpoint.state_dict import set_state_dict
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
         if "sharded_checkpoint" in state:
-            from slime_gb10.grpo.sharded_checkpoint import load_sharded
+            from slime_gb10.grpo.sharded_checkpoint import has_optimizer_state, load_sharded
 
-            loaded = load_sharded(Path(state["sharded_checkpoint"]), self.sharded_state())
-            set_state_dict(
-                self.model,
-                self.optimizer,
-                model_state_dict=loaded["model"],
-                optim_state_dict=loaded["optimizer"],
-            )
+            path = Path(state["sharded_checkpoint"])
+            loaded = load_sharded(path, self.sharded_state(with_optimizer=has_optimizer_state(path)))
+            if "optimizer" in loaded:
+                set_state_dict(
+                    self.model,
+                    self.optimizer,
+                    model_state_dict=loaded["model"],
+                    optim_state_dict=loaded["optimizer"],
+                )
+            else:  # a checkpoint of step 0: no moments yet, as in this fresh optimizer
+                set_model_state_dict(self.model, loaded["model"])
             self.scheduler.load_state_dict(loaded["scheduler"])
         elif self.sharded:
             # a whole state (an unsharded run's checkpoint): every rank read it; rank 0's is scattered
             from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-            set_state_dict(
-                self.model,
-                self.optimizer,
-                model_state_dict=state["model"],
-                optim_state_dict=_optimizer_state_by_name(self.model, state["optimizer"]),
-                options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
-            )
+            options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+            if state["optimizer"]["state"]:
+                set_state_dict(
+                    self.model,
+                    self.optimizer,
+                    model_state_dict=state["model"],
+                    optim_state_dict=_optimizer_state_by_name(self.model, state["optimizer"]),
+                    options=options,
+                )
+            else:  # step 0: no moments yet
+                set_model_state_dict(self.model, state["model"], options=options)
             self.scheduler.load_state_dict(state["scheduler"])
         else:
             self.model.load_state_dict(state["model"])
