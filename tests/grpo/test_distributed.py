@@ -182,6 +182,26 @@ def test_fsdp_on_two_ranks_takes_the_one_rank_step_and_resumes_exactly(model_dir
     assert "is not data: it names os.system" in tampered.stderr and not (tmp_path / "pwned").exists()
 
 
+def test_fsdp_with_nvfp4_rollouts_and_qat_takes_the_one_rank_step(model_dir, tmp_path):
+    """train.sharding=fsdp with the 4-bit policy (rollout.weights=nvfp4, train.quantization=nvfp4-qat):
+    the sync quantizes each gathered weight with the global scale of its fused group (an amax over
+    every rank's shards), so the engines decode the 1-rank run's codes and 2 sharded ranks take the
+    1-rank step (the tolerances of the BF16 test above; weights measured within 1.2e-7), with the
+    same share of codes changed at each sync."""
+    nvfp4 = ("--set", "rollout.weights=nvfp4", "--set", "train.quantization=nvfp4-qat")
+    one = train(model_dir, tmp_path / "one", "--steps", "2", *nvfp4)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = train(model_dir, tmp_path / "two", "--steps", "2", *nvfp4, "--set", "train.sharding=fsdp", ranks=2)
+    assert two.returncode == 0, two.stderr[-6000:]
+    rows = [read_jsonl(tmp_path / run / "metrics.jsonl") for run in ("one", "two")]
+    for a, b in zip(*rows, strict=True):
+        assert a["reward_mean"] == b["reward_mean"] and a["response_len_mean"] == b["response_len_mean"]
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4, abs=1e-7)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+        assert b["train/nvfp4_codes_changed"] == pytest.approx(a["train/nvfp4_codes_changed"], abs=1e-6)
+    close_to(policy(tmp_path / "one"), policy(tmp_path / "two"))
+
+
 def test_two_ranks_resume_exactly_and_on_one_rank(model_dir, tmp_path):
     full = train(model_dir, tmp_path / "full", "--steps", "2", ranks=2)
     assert full.returncode == 0, full.stderr[-3000:]
@@ -225,9 +245,7 @@ def test_check_launch_and_shard():
     mixed = build_config(overrides={"rollout.prompts_per_step": 6, "backends.trainer": "megatron"})
     with pytest.raises(LaunchError, match="--rollout torch --trainer torch"):
         check_launch(mixed, 2)
-    both = build_config(overrides={"train.sharding": "fsdp", "rollout.weights": "nvfp4"})
-    with pytest.raises(LaunchError, match=r"train\.sharding=fsdp with rollout\.weights=nvfp4 is not wired"):
-        check_launch(both, 2)
+    check_launch(build_config(overrides={"train.sharding": "fsdp", "rollout.weights": "nvfp4"}), 2)
     check_launch(build_config(overrides={"train.sharding": "fsdp"}), 2)
     items = list(range(6))
     assert [DistContext(rank=r, world_size=3).shard(items) for r in range(3)] == [[0, 1], [2, 3], [4, 5]]

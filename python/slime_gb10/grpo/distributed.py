@@ -406,11 +406,6 @@ def check_launch(config, world_size: int) -> None:
             f"rollout.prompts_per_step={prompts} does not divide over {world_size} ranks; use a multiple of "
             f"{world_size} (each rank generates and scores whole groups of its share of the prompts)"
         )
-    if config.train.sharding == "fsdp" and config.rollout.weights == "nvfp4":
-        raise LaunchError(
-            "train.sharding=fsdp with rollout.weights=nvfp4 is not wired yet (the NVFP4 sync quantizes "
-            "whole weights, not shards); use one of them"
-        )
     if config.backends.trainer == "megatron" or config.backends.rollout == "sglang":
         raise LaunchError(
             f"{world_size} ranks: data parallelism is implemented for the PyTorch engine and backend only "

@@ -103,8 +103,16 @@ def shared_global_scale(weights: Iterable[torch.Tensor], dtype: torch.dtype | No
     """The one ``weight_scale_2`` of weights an engine fuses into one layer (q/k/v, gate/up): from
     the largest ``|w|`` among them (each cast to ``dtype`` first, when given)."""
     with torch.no_grad():
-        amax = torch.stack([w.detach().to(dtype or w.dtype).abs().amax().float() for w in weights]).max()
+        amax = torch.stack(
+            [_whole(w.detach().to(dtype or w.dtype).abs().amax().float()) for w in weights]
+        ).max()
     return global_scale_from_amax(amax)
+
+
+def _whole(amax: torch.Tensor) -> torch.Tensor:
+    """The amax of a weight sharded by FSDP (a DTensor, each rank's max pending) over every rank's
+    shard: a max over the ranks, which every rank runs (the weight sync does, on all ranks)."""
+    return amax.full_tensor() if hasattr(amax, "full_tensor") else amax
 
 
 def fake_quantize(x: torch.Tensor, global_scale: torch.Tensor | None = None) -> torch.Tensor:
