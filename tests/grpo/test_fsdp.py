@@ -132,9 +132,11 @@ for sharding in ("none", "fsdp"):
     out[sharding] = (metrics, tokens, grad_norm, loss, weights)
 (m0, t0, g0, l0, w0), (m1, t1, g1, l1, w1) = out["none"], out["fsdp"]
 diff = max(float((w0[n] - w1[n]).abs().max()) for n in w0)
-print(json.dumps({"rank": rank, "diff": diff, "grad_norm": [g0, g1], "loss": [l0, l1], "tokens": [t0, t1],
-                  "metrics": [sorted(m0), sorted(m1)], "keys": sorted(m0) == sorted(m1),
-                  "close": all(abs(m0[k] - m1[k]) <= 1e-5 * max(1.0, abs(m0[k])) for k in m0)}))
+row = {"rank": rank, "diff": diff, "grad_norm": [g0, g1], "loss": [l0, l1], "tokens": [t0, t1],
+       "metrics": [sorted(m0), sorted(m1)], "keys": sorted(m0) == sorted(m1),
+       "close": all(abs(m0[k] - m1[k]) <= 1e-5 * max(1.0, abs(m0[k])) for k in m0)}
+with open(f"{sys.argv[2]}/rank{rank}.json", "w") as f:  # a file per rank: the ranks' stdout interleaves
+    json.dump(row, f)
 dist.destroy_process_group()
 """
 
@@ -151,12 +153,89 @@ def test_uneven_ranks_with_an_untied_head_take_the_data_parallel_step(tokenizer,
     model_dir = write_random_model(tmp_path / "untied", tokenizer, tied=False, initializer_range=0.3)
     script = tmp_path / "uneven.py"
     script.write_text(UNEVEN_RANKS)
-    run = torchrun(str(script), str(model_dir), timeout=300)
+    run = torchrun(str(script), str(model_dir), str(tmp_path), timeout=300)
     assert run.returncode == 0, run.stderr[-4000:]
-    rows = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    rows = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
     assert sorted(r["rank"] for r in rows) == [0, 1]
     for r in rows:
         assert r["diff"] <= 1e-6, r
         assert r["grad_norm"][1] == pytest.approx(r["grad_norm"][0], rel=1e-5)
         assert r["loss"][1] == pytest.approx(r["loss"][0], rel=1e-5, abs=1e-8)
         assert r["tokens"][0] == r["tokens"][1] and r["keys"] and r["close"], r
+
+
+NAN_ON_ONE_RANK = r"""
+import json, sys, time, datetime, torch, torch.distributed as dist
+from slime_gb10.grpo.backends.common import NonFiniteError
+from slime_gb10.grpo.backends.torch_backend import TorchPolicyBackend
+from slime_gb10.grpo.batching import Sample, update_policy
+from slime_gb10.grpo.config import build_config
+from slime_gb10.grpo.distributed import DistContext
+from slime_gb10.grpo.models import load_causal_lm
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+torch.set_num_threads(1)
+rank = dist.get_rank()
+cfg = build_config(overrides={"train.micro_batch_size": 1})
+advantage = float("nan") if rank == 0 else 1.0  # rank 0's loss is NaN, rank 1's is finite
+samples = [Sample([3, 4], [5, 6, 7], [-3.0] * 3, advantage, 1.0, truncated=False)]
+ctx = DistContext(rank=rank, world_size=2, timeout_s=60)
+for sharding in ("none", "fsdp"):
+    backend = TorchPolicyBackend(load_causal_lm(sys.argv[1], dtype=torch.float32), None, "cpu", train=cfg.train,
+                                 sharding=sharding)
+    backend.grad_sync = ctx.all_reduce_gradients
+    start = time.perf_counter()
+    try:
+        update_policy(backend, samples, cfg, ctx, 0)
+        outcome = "trained"
+    except NonFiniteError as exc:
+        outcome = str(exc)
+    dist.barrier()  # both ranks are here: neither waits in a collective the other left
+    with open(f"{sys.argv[2]}/rank{rank}-{sharding}.json", "w") as f:
+        json.dump({"rank": rank, "sharding": sharding, "outcome": outcome, "s": time.perf_counter() - start}, f)
+
+# a fused group's global scale from sharded weights, one of 1 row (rank 1's shard of it is empty)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
+from slime_gb10.nvfp4.linear import global_scale_from_amax, shared_global_scale
+mesh = init_device_mesh("cpu", (2,))
+weights = [torch.tensor([[-3.0, 2.0]]), torch.tensor([[1.0, 0.5], [-2.5, 0.0], [0.25, 1.5]])]
+scale = shared_global_scale([distribute_tensor(w, mesh, [Shard(0)]) for w in weights])
+with open(f"{sys.argv[2]}/scale{rank}.json", "w") as f:
+    json.dump({"scale": float(scale), "want": float(global_scale_from_amax(torch.tensor(3.0)))}, f)
+dist.destroy_process_group()
+"""
+
+
+def test_a_non_finite_loss_on_one_rank_stops_every_rank_at_once(tokenizer, tmp_path, torchrun):
+    """Rank 0's loss is NaN, rank 1's finite: both ranks raise NonFiniteError in the same step,
+    data-parallel and sharded, within seconds (before, rank 0 raised before the gradient reduction
+    and rank 1 waited in it until the process group's timeout: 60 s here, 30 min by default). In
+    the same launch: a fused group's NVFP4 global scale from sharded weights, one with a single row
+    (rank 1's shard of it is empty, which once failed the amax on that rank alone), is the whole
+    group's on both ranks."""
+    import json
+
+    from slime_gb10.grpo.models import write_random_model
+
+    model_dir = write_random_model(tmp_path / "m", tokenizer, tied=False)
+    script = tmp_path / "nan.py"
+    script.write_text(NAN_ON_ONE_RANK)
+    run = torchrun(str(script), str(model_dir), str(tmp_path), timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+    scales = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("scale*.json"))]
+    assert len(scales) == 2 and all(s["scale"] == s["want"] for s in scales), scales  # max |w| = 3 on rank 0
+    rows = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
+    assert sorted((r["sharding"], r["rank"]) for r in rows) == [
+        ("fsdp", 0),
+        ("fsdp", 1),
+        ("none", 0),
+        ("none", 1),
+    ]
+    for r in rows:
+        want = (
+            "the loss is nan"
+            if r["rank"] == 0
+            else "the gradient norm is nan (not finite; on this rank or another)"
+        )
+        assert r["outcome"].startswith(want) and r["s"] < 30, r

@@ -117,6 +117,20 @@ def test_tampered_metadata_and_items_are_refused_without_running(model_dir, tmp_
     metadata.write_bytes(pickle.dumps(outside))
     with pytest.raises(UnsafeCheckpoint, match=r"points outside its directory \('\.\./\.\./elsewhere"):
         read_metadata_as_data(metadata)
+
+    # BUILD may set an admitted dataclass's fields only (a __setstate__ or an extend in its
+    # __dict__ would be called by a later BUILD or APPENDS), and APPEND(S) add to lists only
+    def text(value: str) -> bytes:
+        return b"X" + len(value).to_bytes(4, "little") + value.encode()
+
+    storage_info = b"ctorch.distributed.checkpoint.filesystem\n_StorageInfo\n)\x81"
+    with_method = b"\x80\x02" + storage_info + b"}" + text("__setstate__") + b"cpathlib\nPosixPath\nsb."
+    metadata.write_bytes(with_method)
+    with pytest.raises(UnsafeCheckpoint, match="its BUILD gives a _StorageInfo attributes beside its fields"):
+        read_metadata_as_data(metadata)
+    metadata.write_bytes(b"\x80\x02ctorch\nSize\n)\x85R(" + text("x") + b"e.")
+    with pytest.raises(UnsafeCheckpoint, match="its APPENDS adds to a Size"):
+        read_metadata_as_data(metadata)
     metadata.write_bytes(pickle.dumps(_Marker(str(proof))))
     with pytest.raises(UnsafeCheckpoint, match=r"\.metadata' is not data: it names (io|builtins)\.open"):
         read_metadata_as_data(metadata)
@@ -202,9 +216,10 @@ sharded, _ = _backend(sys.argv[1], "fsdp")
 sharded.load_state_dict(plain.state_dict())
 got = _whole(sharded)
 from_plain = set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
-print(json.dumps({"rank": rank, "failed": failed, "left": left, "files": files, "same": same,
-                  "scheduler": fresh.scheduler.state_dict() == backend.scheduler.state_dict(),
-                  "from_plain": from_plain}))
+row = {"rank": rank, "failed": failed, "left": left, "files": files, "same": same,
+       "scheduler": fresh.scheduler.state_dict() == backend.scheduler.state_dict(), "from_plain": from_plain}
+with open(out / f"rank{rank}.json", "w") as f:  # a file per rank: the ranks' stdout interleaves
+    json.dump(row, f)
 dist.destroy_process_group()
 """
 
@@ -222,7 +237,7 @@ def test_two_ranks_write_their_shards_whole_or_not_at_all_and_one_rank_reads_the
     script.write_text(TWO_RANKS)
     run = torchrun(str(script), str(model_dir), str(tmp_path), __file__, timeout=300)
     assert run.returncode == 0, run.stderr[-4000:]
-    rows = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    rows = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
     assert sorted(r["rank"] for r in rows) == [0, 1]
     for r in rows:
         assert r["failed"] and "rank 1" in r["failed"] and "No space left" in r["failed"], r
@@ -331,9 +346,11 @@ class _RankOne:
         return [self.theirs.pop(0), obj]
 
 
-def test_every_rank_resumes_the_checkpoint_rank_0_chose(tmp_path):
-    """Rank 0 picks the checkpoint (here step 1: it could not read step 2); rank 1 reads that one,
-    not the newest it sees; a problem on rank 0 is rank 1's error too."""
+def test_every_rank_resumes_the_checkpoint_rank_0_chose(tmp_path, monkeypatch):
+    """Played from rank 1, rank 0's answers scripted: rank 0's pick (here the older step 1, as when
+    it could not read step 2) is the one rank 1 reads, not the newest it sees; a problem on rank 0
+    is rank 1's error too; rank 1's own problem, a CheckpointError or an OSError (a stale NFS
+    handle), goes to every rank as one line."""
     from slime_gb10.grpo.checkpoint import CheckpointError, agreed_resume, save_checkpoint
 
     for step in (1, 2):
@@ -347,4 +364,14 @@ def test_every_rank_resumes_the_checkpoint_rank_0_chose(tmp_path):
     # rank 0 chose one that rank 1 cannot read: rank 1 says so, and every rank raises that
     (tmp_path / "checkpoints/step-000001/trainer.pt").write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match="rank 1: cannot read checkpoint file"):
+        agreed_resume(tmp_path, _RankOne((chosen, None), None))
+    from slime_gb10.grpo import checkpoint
+
+    def stale(path):
+        raise OSError(116, "Stale file handle")
+
+    monkeypatch.setattr(checkpoint, "load_checkpoint", stale)
+    with pytest.raises(
+        CheckpointError, match=r"rank 1: --resume: cannot read '.*step-000001': Stale file handle"
+    ):
         agreed_resume(tmp_path, _RankOne((chosen, None), None))

@@ -262,18 +262,24 @@ def agreed_resume(target: str | Path, dist) -> tuple[Path, dict, dict]:
     if dist.is_main:
         try:
             resumed = load_for_resume(target)
-        except CheckpointError as exc:
-            problem = str(exc)
+        except (CheckpointError, OSError) as exc:  # OSError: a stale NFS handle, a permission
+            problem = _unreadable(target, exc)
     chosen, problem = dist.gather((None if resumed is None else str(resumed[0]), problem))[0]
     if problem is None and not dist.is_main:
         try:
             resumed = (Path(chosen), *load_checkpoint(chosen))
-        except CheckpointError as exc:
-            problem = f"rank {dist.rank}: {exc}"
+        except (CheckpointError, OSError) as exc:
+            problem = f"rank {dist.rank}: {_unreadable(chosen, exc)}"
     problems = [p for p in dist.gather(problem) if p]
     if problems:
         raise CheckpointError(problems[0])
     return resumed
+
+
+def _unreadable(where: str | Path, exc: BaseException) -> str:
+    if isinstance(exc, CheckpointError):
+        return str(exc)
+    return f"--resume: cannot read '{where}': {getattr(exc, 'strerror', None) or exc}"
 
 
 def save(run, reason: str = "periodic", prune: bool = True) -> Path:

@@ -29,6 +29,7 @@ rank reads that one. A checkpoint of step 0 holds no optimizer state (there is n
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -96,8 +97,8 @@ class _MetadataUnpickler(pickle._Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if name in _METADATA_CLASSES.get(module, ()):
             found = super().find_class(module, name)
-        elif module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            found = getattr(torch, name)
+        elif module == "torch" and isinstance(vars(torch).get(name), torch.dtype):  # no lazy import
+            found = vars(torch)[name]
         else:
             raise UnsafeCheckpoint(f"it names {module}.{name}, which is not checkpoint metadata")
         self._allowed[id(found)] = name
@@ -120,10 +121,47 @@ class _MetadataUnpickler(pickle._Unpickler):
         super().load_newobj_ex()
 
     def load_build(self):
-        target = self.stack[-2]
+        state, target = self.stack[-1], self.stack[-2]
         if isinstance(target, type) or self._allowed.get(id(type(target))) not in _BUILDABLE:
             raise UnsafeCheckpoint(f"its BUILD sets the state of {target!r}")
+        # its declared fields only, never a method; a class with its own __setstate__
+        # (TensorProperties: a tuple) reads the state itself
+        if dataclasses.is_dataclass(target) and "__setstate__" not in vars(type(target)):
+            fields = {f.name for f in dataclasses.fields(target)}
+            parts = state if isinstance(state, tuple) and len(state) == 2 else (state, None)
+            if any(
+                part is not None and not (isinstance(part, dict) and set(part) <= fields) for part in parts
+            ):
+                raise UnsafeCheckpoint(
+                    f"its BUILD gives a {type(target).__name__} attributes beside its fields"
+                )
         super().load_build()
+
+    def _adds_to(self, target: Any, kind: type, opcode: str) -> None:
+        """APPEND(S), ADDITEMS and SETITEM(S) add to ``target``: only to a plain container (on any
+        other object they would call whatever ``extend``/``append``/``add`` it has)."""
+        if type(target) is not kind:
+            raise UnsafeCheckpoint(f"its {opcode} adds to a {type(target).__name__}")
+
+    def load_append(self):
+        self._adds_to(self.stack[-2], list, "APPEND")
+        super().load_append()
+
+    def load_appends(self):  # the items since the mark are self.stack; the target ends the one below
+        self._adds_to(self.metastack[-1][-1], list, "APPENDS")
+        super().load_appends()
+
+    def load_additems(self):
+        self._adds_to(self.metastack[-1][-1], set, "ADDITEMS")
+        super().load_additems()
+
+    def load_setitem(self):
+        self._adds_to(self.stack[-3], dict, "SETITEM")
+        super().load_setitem()
+
+    def load_setitems(self):
+        self._adds_to(self.metastack[-1][-1], dict, "SETITEMS")
+        super().load_setitems()
 
     def load_inst(self):  # protocol 0/1: a call of a class named inline
         raise UnsafeCheckpoint("it uses the INST opcode, which DCP never writes")
@@ -137,6 +175,11 @@ class _MetadataUnpickler(pickle._Unpickler):
         pickle.NEWOBJ[0]: load_newobj,
         pickle.NEWOBJ_EX[0]: load_newobj_ex,
         pickle.BUILD[0]: load_build,
+        pickle.APPEND[0]: load_append,
+        pickle.APPENDS[0]: load_appends,
+        pickle.ADDITEMS[0]: load_additems,
+        pickle.SETITEM[0]: load_setitem,
+        pickle.SETITEMS[0]: load_setitems,
         pickle.INST[0]: load_inst,
         pickle.OBJ[0]: load_obj,
     }

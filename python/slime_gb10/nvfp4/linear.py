@@ -103,16 +103,22 @@ def shared_global_scale(weights: Iterable[torch.Tensor], dtype: torch.dtype | No
     """The one ``weight_scale_2`` of weights an engine fuses into one layer (q/k/v, gate/up): from
     the largest ``|w|`` among them (each cast to ``dtype`` first, when given)."""
     with torch.no_grad():
-        amax = torch.stack(
-            [_whole(w.detach().to(dtype or w.dtype).abs().amax().float()) for w in weights]
-        ).max()
+        amax = torch.stack([_amax(w.detach(), dtype or w.dtype) for w in weights]).max()
     return global_scale_from_amax(amax)
 
 
-def _whole(amax: torch.Tensor) -> torch.Tensor:
-    """The amax of a weight sharded by FSDP (a DTensor, each rank's max pending) over every rank's
-    shard: a max over the ranks, which every rank runs (the weight sync does, on all ranks)."""
-    return amax.full_tensor() if hasattr(amax, "full_tensor") else amax
+def _amax(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``|weight|``'s largest value in FP32. A weight sharded by FSDP (a DTensor): the largest of
+    every rank's shard, a max over the ranks that every rank runs (the weight sync does, on all of
+    them); a rank whose shard is empty (fewer rows than ranks) adds 0."""
+    if not hasattr(weight, "to_local"):
+        return weight.to(dtype).abs().amax().float()
+    local = weight.to_local().to(dtype)
+    amax = local.abs().amax().float() if local.numel() else torch.zeros((), device=local.device)
+    torch.distributed.all_reduce(
+        amax, op=torch.distributed.ReduceOp.MAX, group=weight.device_mesh.get_group()
+    )
+    return amax
 
 
 def fake_quantize(x: torch.Tensor, global_scale: torch.Tensor | None = None) -> torch.Tensor:

@@ -129,7 +129,9 @@ def finish_directory(tmp: Path, target: Path) -> None:
             shutil.rmtree(old)
         os.replace(target, old)
         os.replace(tmp, target)
-        shutil.rmtree(old)
+        # the new one is in place: an old file that will not go (NFS keeps an open one as .nfsXXXX)
+        # is left for clean_stale_siblings, not a failed write
+        shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, target)
 

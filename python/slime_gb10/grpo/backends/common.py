@@ -51,6 +51,7 @@ def accumulate_gradients(
     forward: Callable[[TokenBatch], tuple[torch.Tensor, torch.Tensor | None]],
     loss_fn,
     discard_gradients: Callable[[], None],
+    raise_nonfinite: bool = True,
 ) -> tuple[float, dict[str, float]]:
     """Backpropagate ``loss_fn`` over every microbatch; return (summed loss, token-weighted metrics).
 
@@ -63,7 +64,9 @@ def accumulate_gradients(
     Losses and metrics stay on the device until the pass ends: one host round trip per pass, not one
     per microbatch before its backward (which left the GPU idle while the host caught up, issue #27).
     A non-finite loss then calls ``discard_gradients`` and raises :class:`NonFiniteError`, so its
-    gradients never reach the optimizer, as the check before each backward ensured.
+    gradients never reach the optimizer, as the check before each backward ensured; with
+    ``raise_nonfinite=False`` (ranks that meet in collectives after the pass) it returns the loss
+    and no metrics, and the caller raises once every rank can tell.
     """
     losses, weights = [], []
     on_device: dict[str, list[torch.Tensor]] = {}  # metric -> [v * weight, finite] per microbatch
@@ -97,6 +100,8 @@ def accumulate_gradients(
     weight_total = max(sum(per_batch_weight), 1.0)
     if not math.isfinite(total_loss):
         discard_gradients()
+        if not raise_nonfinite:
+            return total_loss, {}
         raise NonFiniteError(f"the loss is {total_loss} (not finite)")
     if not any(per_batch_weight):  # no token of the pass counts (FSDP's padding alone): no metrics
         return total_loss, {}

@@ -325,13 +325,21 @@ class TorchPolicyBackend(PolicyBackend):
     def train_step(self, microbatches: Sequence[tuple[TokenBatch, dict[str, torch.Tensor]]], loss_fn):
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
+        # ranks that reduce their gradients (data-parallel or sharded) meet in collectives after the
+        # pass: a non-finite loss poisons this rank's gradients instead of raising here, so the norm
+        # every rank computes after the reduction is not finite and all of them stop together (a rank
+        # that raised alone left the others waiting in a collective until train.dist_timeout_s)
+        together = self.sharded or self.grad_sync is not None
         total_loss, metrics = self._compiled_or_plain(
             lambda: accumulate_gradients(
                 microbatches,
                 device=self.device,
                 forward=lambda batch: self._token_logprobs(self.model, batch, with_entropy=True),
                 loss_fn=loss_fn,
-                discard_gradients=lambda: self.optimizer.zero_grad(set_to_none=True),
+                discard_gradients=self._poison_gradients
+                if together
+                else lambda: self.optimizer.zero_grad(set_to_none=True),
+                raise_nonfinite=not together,
             ),
             proves=True,
         )
@@ -345,13 +353,26 @@ class TorchPolicyBackend(PolicyBackend):
 
             grad_norm = full_tensor(grad_norm)
         grad_norm = float(grad_norm)
-        if not math.isfinite(grad_norm):
+        if not math.isfinite(total_loss) or not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteError(f"the gradient norm is {grad_norm} (not finite)")
+            if not math.isfinite(total_loss):
+                raise NonFiniteError(f"the loss is {total_loss} (not finite)")
+            raise NonFiniteError(
+                f"the gradient norm is {grad_norm} (not finite{'; on this rank or another' if together else ''})"
+            )
         self.optimizer.step()
         self.scheduler.step()
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         return TrainStepResult(loss=total_loss, grad_norm=grad_norm, metrics=metrics)
+
+    def _poison_gradients(self) -> None:
+        """A NaN in this rank's gradients (:meth:`train_step`: a non-finite loss among ranks that
+        reduce them): the first local gradient element that exists."""
+        for p in self.model.parameters():
+            grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+            if grad is not None and grad.numel():
+                grad[(0,) * grad.dim()] = float("nan")
+                return
 
     # ---------------------------------------------------------------- weights / checkpoints
     def export_weights(self, bucket_bytes: int, *, nvfp4_codes: bool = False):
