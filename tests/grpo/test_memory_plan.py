@@ -67,15 +67,15 @@ def test_tiny_llama_by_hand():
     assert nvfp4.parts["NVFP4 sync codes"] == linear * 9 // 16 and "NVFP4 sync codes" not in gpu.parts
     # ... and the torch engine, decoding from the codes, holds codes, scales and scale codes: 10/16 byte
     assert nvfp4.parts["NVFP4 engine codes"] == linear * 10 // 16 and "NVFP4 engine codes" not in gpu.parts
-    # FSDP over 4 ranks: a quarter of the weights, moments and gradients, plus what is gathered at
-    # once: the embedding (tied head) and final norm, and three layers' weights, FP32
+    # FSDP over 4 ranks: a quarter of the weights, moments and gradients, plus what is whole at once:
+    # the root group (embedding = tied head, final norm) and its gradient, and three layers', FP32
     fsdp = mp.estimate(config(**{"train.sharding": "fsdp"}), llama(), device="cuda", world_size=4)
     assert (
         fsdp.parts["trainer weights"] == 4 * by_hand // 4 and fsdp.parts["AdamW states"] == 8 * by_hand // 4
     )
     assert fsdp.parts["gradients"] == 4 * by_hand // 4
     outer = VOCAB * H + H
-    assert fsdp.parts["FSDP gathered weights"] == 4 * (outer + 3 * (by_hand - outer) // LAYERS)
+    assert fsdp.parts["FSDP gathered weights"] == 4 * (2 * outer + 3 * (by_hand - outer) // LAYERS)
     assert "FSDP gathered weights" not in mp.estimate(config(), llama(), device="cuda", world_size=4).parts
     on_cpu = mp.estimate(config(**{"rollout.weights": "nvfp4"}), llama(), device="cpu")
     assert "NVFP4 engine codes" not in on_cpu.parts  # "auto" on a CPU: the HF forward, no codes

@@ -369,10 +369,11 @@ def estimate(
     with_reference = algo.beta > 0 or algo.ref_kl_metric
 
     # train.sharding=fsdp: 1/world of the FP32 weights, gradients and moments per rank, plus, gathered, the
-    # outer group (embeddings, head, norm) and ~3 layers (computing, prefetched, unsharded gradient)
+    # outer group (embeddings, head, norm: the root, unsharded from its forward to the end of the backward,
+    # and its gradient, reduce-scattered only then) and ~3 layers (computing, prefetched, unsharded gradient)
     shards = world_size if train.sharding == "fsdp" and trainer == "torch" and world_size > 1 else 1
     outer = s.vocab * s.hidden * (1 if s.tied else 2) + s.hidden
-    gathered = 4 * (outer + 3 * (n - outer) // max(1, s.layers)) if shards > 1 else 0
+    gathered = 4 * (2 * outer + 3 * (n - outer) // max(1, s.layers)) if shards > 1 else 0
     resident = {
         "trainer weights": trainer_weight_bytes(n, trainer) // shards,
         "AdamW states": adamw_bytes(n) // shards,
