@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from slime_gb10.utils.atomic import atomic_directory, clean_stale_siblings
-from slime_gb10.utils.errors import UserError
+from slime_gb10.utils.errors import UserError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ def _write_failure(target: Path, exc: BaseException, needed: int, run_dir: Path)
         have = f"{free / 2**20:.0f} MiB free" if free is not None else "the device is full"
         cause = f"no space left on device ({have}, a checkpoint needs about {needed / 2**20:.0f} MiB)"
     else:
-        cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        cause = first_line(exc)
     done = list_checkpoints(run_dir)
     last = f"the last good checkpoint is {done[-1][1]}" if done else "no checkpoint was written before"
     return CheckpointError(f"cannot write checkpoint '{target}': {cause}; {last}")
@@ -207,7 +207,7 @@ def load_checkpoint(path: str | Path) -> tuple[dict, dict]:
         try:
             states.append(torch.load(p / name, map_location="cpu", weights_only=True))
         except Exception as exc:  # UnpicklingError, a broken zip, a truncated file, a missing file...
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            first = first_line(exc)
             raise CheckpointError(
                 f"cannot read checkpoint file '{p / name}' as data: {first[:300]}. It is corrupt, was "
                 "tampered with, or was written by slime-gb10 < 0.2 (only tensors and plain values load)"
@@ -355,9 +355,7 @@ def restore(run, resumed: tuple[Path, dict, dict]) -> None:
         ranks = trainer_state.get("rank_rng") or [trainer_state["rng"]]
         set_rng_state(ranks[run.dist.rank] if run.dist.rank < len(ranks) else ranks[0])
     except (KeyError, ValueError, RuntimeError, TypeError) as exc:
-        raise CheckpointError(
-            f"checkpoint '{path}' does not fit this run: {str(exc).strip().splitlines()[0]}"
-        ) from exc
+        raise CheckpointError(f"checkpoint '{path}' does not fit this run: {first_line(exc)}") from exc
     run.step = int(trainer_state["step"])
     run._last_checkpoint = path
     log.info("resumed from %s (step %d)", path, run.step)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from slime_gb10.utils.errors import UserError
+from slime_gb10.utils.errors import UserError, first_line
 
 DEFAULT_INSTRUCTION = "Put the final answer after ####."
 
@@ -384,7 +384,7 @@ def load_hub_split(
     try:
         ds = datasets.load_dataset(hub.repo, hub.config, split=split)
     except Exception as exc:  # network, unknown repo/config/split: all one message for the user
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        first = first_line(exc)
         raise DatasetError(
             f"cannot load {name} through datasets: {first}. Without network pass local files in the same "
             "layout instead: --data train.jsonl --set data.eval_path=test.jsonl"

@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from slime_gb10.utils.errors import UserError
+from slime_gb10.utils.errors import UserError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +176,7 @@ class DistContext:
             if kind is None:
                 raise
             log.debug("%s failed on rank %d", what, self.rank, exc_info=True)  # gloo's words, with -v
-            said = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            said = first_line(exc)[:200]
             raise DistributedError(
                 failure_message(
                     kind, what, rank=self.rank, world_size=self.world_size, timeout_s=self.timeout_s

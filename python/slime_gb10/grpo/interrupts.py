@@ -24,6 +24,8 @@ import signal
 import threading
 from pathlib import Path
 
+from slime_gb10.utils.errors import first_line
+
 log = logging.getLogger("slime_gb10.grpo.trainer")
 
 # the signals that stop a run cleanly (SIGHUP does not exist on Windows)
@@ -261,7 +263,7 @@ def _final_write_failure(target: Path, exc: BaseException, checkpoint: Path | No
         except OSError:
             cause = "no space left on device"
     else:
-        cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        cause = first_line(exc)
     if checkpoint is None:
         return (
             f"cannot write the final model '{target}': {cause}; no checkpoint could be written either, "

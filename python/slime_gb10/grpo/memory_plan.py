@@ -36,6 +36,7 @@ import torch
 
 from slime_gb10.grpo.config import ConfigError
 from slime_gb10.platform.host_memory import host_available
+from slime_gb10.utils.errors import first_line
 
 log = logging.getLogger(__name__)
 
@@ -494,7 +495,7 @@ def read_model_config(config):
     try:
         return AutoConfig.from_pretrained(path, trust_remote_code=config.model.trust_remote_code)
     except Exception as exc:  # a hub id offline, an unknown architecture: loading will say what is wrong
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        first = first_line(exc)
         log.warning("memory plan: skipped, the config of %s cannot be read (%s)", path, first)
         return None
 

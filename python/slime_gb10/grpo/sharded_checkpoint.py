@@ -14,9 +14,9 @@ cannot see it is refused in one line before anything loads (the trainer asks at 
 Any world size can read it back: DCP plans each rank's reads from the chunks it needs, so a run
 resumed on fewer or more ranks, sharded or not, loads the same weights and moments (resharding).
 
-Data, never code: DCP writes its ``.metadata`` with ``pickle`` and reads it back with a plain
-``pickle.load``, and loads its non-tensor items (the optimizer's settings, the schedule) with
-``torch.load(weights_only=False)``; either would run whatever a tampered checkpoint holds.
+Data, never code: DCP writes its ``.metadata`` as a pickle that its own reader unpickles without
+restriction, and reads its non-tensor items (the optimizer's settings, the schedule) with torch's
+unrestricted unpickler; either would run whatever a tampered checkpoint holds.
 :func:`read_metadata_as_data` unpickles the metadata admitting only DCP's own metadata classes,
 ``torch.Size``, dtypes, layouts and paths, lets the pickle call and set the state of nothing else,
 and refuses a shard file named outside the checkpoint; :class:`DataOnlyLoadPlanner` reads the items
@@ -44,7 +44,7 @@ from typing import Any, ClassVar
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
-from slime_gb10.utils.errors import UserError
+from slime_gb10.utils.errors import UserError, first_line
 
 POLICY_DIR = "policy"
 _METADATA = ".metadata"
@@ -261,11 +261,8 @@ def _first_failure(exc: BaseException) -> str:
     failures = getattr(exc, "_failures", None)
     if isinstance(failures, dict) and failures:
         rank, inner = sorted(failures.items())[0]
-        inner = inner[0] if isinstance(inner, tuple) else inner
-        text = str(inner).strip().splitlines()
-        return f"rank {rank}: {text[0] if text else type(inner).__name__}"
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+        return f"rank {rank}: {first_line(inner[0] if isinstance(inner, tuple) else inner)}"
+    return first_line(exc)
 
 
 def unseen_by(directory: Path, dist) -> str | None:
@@ -297,7 +294,7 @@ def save_sharded(target: Path, state: dict, trainer_state: dict, dist, *, reason
             made = tempfile.mkdtemp(dir=parent, prefix=f".{target.name}.", suffix=".tmp")
             _public_mode(made, directory=True)
         except (OSError, UserError) as exc:
-            failure = _one_line(exc)
+            failure = first_line(exc)
     made, failure = dist.gather((made, failure))[0]
     if failure is not None:
         raise RuntimeError(failure)
@@ -318,18 +315,13 @@ def save_sharded(target: Path, state: dict, trainer_state: dict, dist, *, reason
                 (tmp / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
                 finish_directory(tmp, target)  # an incomplete step-N left by a crash makes way
             except (OSError, RuntimeError) as exc:
-                failure = _one_line(exc)
+                failure = first_line(exc)
         failure = dist.gather(failure)[0]  # rank 0's outcome, for every rank
         if failure is not None:
             raise RuntimeError(failure)
     finally:
         if dist.is_main and tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 def load_sharded(path: Path, template: dict) -> dict:
@@ -363,16 +355,12 @@ def has_optimizer_state(path: str | os.PathLike) -> bool:
 def whole_state(path: str | os.PathLike, prefix: str = "model.") -> dict[str, torch.Tensor]:
     """The tensors of a sharded checkpoint whose flattened names start with ``prefix`` (the weights,
     by default), whole, in one process: to inspect or convert a checkpoint without its run."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    reader_cls, planner_cls = _reader_classes()
-    metadata = check_metadata(path)
     flat = {
         name: torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
-        for name, meta in metadata.state_dict_metadata.items()
+        for name, meta in check_metadata(path).state_dict_metadata.items()
         if name.startswith(prefix) and isinstance(meta, TensorStorageMetadata)
     }
-    with _one_process_is_intended():
-        dcp.load(flat, storage_reader=reader_cls(Path(path) / POLICY_DIR), planner=planner_cls())
+    load_sharded(Path(path), flat)
     return {name[len(prefix) :]: tensor for name, tensor in flat.items()}

@@ -25,7 +25,7 @@ from importlib import resources
 from pathlib import Path
 
 from slime_gb10.platform import binaries, subproc
-from slime_gb10.utils.errors import UserError
+from slime_gb10.utils.errors import UserError, first_line
 
 CUDA_SOURCE = "headers_sm121a.cu"  # runtime, CCCL, cuBLAS, cuRAND, FP16/BF16: a complete CUDA_HOME
 RUNTIME_SOURCE = "runtime_sm121a.cu"  # runtime, CCCL, BF16: what a bare toolkit has
@@ -69,7 +69,7 @@ def triton_cubin(arch: int = 121) -> bytes:
     try:
         kernel = triton.compile(source, target=GPUTarget("cuda", arch, 32))
     except Exception as exc:  # PTXASError, a missing ptxas, an MLIR failure...
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        first = first_line(exc)
         raise AotError(f"Triton could not compile for cuda:{arch}: {type(exc).__name__}: {first}") from exc
     return kernel.asm["cubin"]
 

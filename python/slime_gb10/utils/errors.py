@@ -39,3 +39,8 @@ def os_error_message(exc: OSError) -> str | None:
         return None
     where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
     return f"{exc.strerror or exc}{where}: {advice}"
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message, else its type's name (an exception with no message)."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -441,44 +441,43 @@ class TorchPolicyBackend(PolicyBackend):
     def load_state_dict(self, state: dict) -> None:
         """A checkpoint's policy state: ``{"sharded_checkpoint": dir}`` (read through DCP at this
         run's world size and sharding, whatever they were when written), or a whole state dict."""
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
-
         if "sharded_checkpoint" in state:
             from slime_gb10.grpo.sharded_checkpoint import has_optimizer_state, load_sharded
 
             path = Path(state["sharded_checkpoint"])
-            loaded = load_sharded(path, self.sharded_state(with_optimizer=has_optimizer_state(path)))
-            if "optimizer" in loaded:
-                set_state_dict(
-                    self.model,
-                    self.optimizer,
-                    model_state_dict=loaded["model"],
-                    optim_state_dict=loaded["optimizer"],
-                )
-            else:  # a checkpoint of step 0: no moments yet, as in this fresh optimizer
-                set_model_state_dict(self.model, loaded["model"])
-            self.scheduler.load_state_dict(loaded["scheduler"])
+            state = load_sharded(path, self.sharded_state(with_optimizer=has_optimizer_state(path)))
+            self._set_state(state["model"], state.get("optimizer"))  # none in a checkpoint of step 0
         elif self.sharded:
             # a whole state (an unsharded run's checkpoint): every rank read it; rank 0's is scattered
             from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-            options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-            if state["optimizer"]["state"]:
-                set_state_dict(
-                    self.model,
-                    self.optimizer,
-                    model_state_dict=state["model"],
-                    optim_state_dict=_optimizer_state_by_name(self.model, state["optimizer"]),
-                    options=options,
-                )
-            else:  # step 0: no moments yet
-                set_model_state_dict(self.model, state["model"], options=options)
-            self.scheduler.load_state_dict(state["scheduler"])
+            moments = state["optimizer"] if state["optimizer"]["state"] else None  # none before step 1
+            self._set_state(
+                state["model"],
+                moments and _optimizer_state_by_name(self.model, moments),
+                StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+            )
         else:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
-            self.scheduler.load_state_dict(state["scheduler"])
+        self.scheduler.load_state_dict(state["scheduler"])
         self._apply_optimizer_settings()
+
+    def _set_state(self, model_state: dict, optimizer_state: dict | None, options=None) -> None:
+        """Weights (and Adam's state, where there is one) through the state-dict API that takes
+        sharded and whole states alike; without one the fresh optimizer stays empty."""
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+        if optimizer_state is None:
+            set_model_state_dict(self.model, model_state, options=options)
+        else:
+            set_state_dict(
+                self.model,
+                self.optimizer,
+                model_state_dict=model_state,
+                optim_state_dict=optimizer_state,
+                options=options,
+            )
 
     def _apply_optimizer_settings(self) -> None:
         """The run's optimizer settings over those a checkpoint restored: the Adam moments and the step
