@@ -239,3 +239,77 @@ def test_a_non_finite_loss_on_one_rank_stops_every_rank_at_once(tokenizer, tmp_p
             else "the gradient norm is nan (not finite; on this rank or another)"
         )
         assert r["outcome"].startswith(want) and r["s"] < 30, r
+
+
+BF16_GATHERS = r"""
+import json, sys, torch, torch.distributed as dist
+from slime_gb10.grpo.backends.fsdp import full_tensor
+from slime_gb10.grpo.backends.torch_backend import TorchPolicyBackend
+from slime_gb10.grpo.batching import Sample, update_policy
+from slime_gb10.grpo.config import build_config
+from slime_gb10.grpo.distributed import DistContext
+from slime_gb10.grpo.models import load_causal_lm
+
+dist.init_process_group("gloo")
+torch.set_num_threads(1)
+rank = dist.get_rank()
+cfg = build_config(overrides={"train.micro_batch_size": 2, "train.lr": 1e-3})
+gen = torch.Generator().manual_seed(rank)
+samples = [Sample([3, 4 + i], [5, 6 + i, 7, 8], [-3.0] * 4, float(torch.randn(1, generator=gen)), 1.0,
+                  truncated=False) for i in range(4)]
+ctx = DistContext(rank=rank, world_size=2, timeout_s=120)
+out, seen = {}, {}
+for sharding, quantization in (("none", "none"), ("fsdp", "none"), ("fsdp", "nvfp4-qat")):
+    key = f"{sharding}-{quantization}"
+    backend = TorchPolicyBackend(load_causal_lm(sys.argv[1], dtype=torch.float32), None, "cpu", train=cfg.train,
+                                 sharding=sharding, autocast_dtype=torch.bfloat16, quantization=quantization)
+    backend.grad_sync = ctx.all_reduce_gradients
+    layer = backend.model.model.layers[0]
+    # the dtype of layer 0's up projection as its forward runs (FSDP's gathered weight)
+    layer.mlp.up_proj.register_forward_pre_hook(lambda m, a, key=key: seen.setdefault(key, str(m.weight.dtype)) and None)
+    metrics, tokens, grad_norm, loss = update_policy(backend, samples, cfg, ctx, 0)
+    weights = {n: full_tensor(p.detach()) for n, p in backend.model.named_parameters()}
+    masters = sorted({str(p.dtype) for p in backend.model.parameters()})
+    moments = sorted({str(v.dtype) for st in backend.optimizer.state.values() for k, v in st.items() if k != "step"})
+    out[key] = {"grad_norm": grad_norm, "loss": loss, "weights": weights, "masters": masters, "moments": moments}
+base, bf16 = out["none-none"], out["fsdp-none"]
+start = dict(load_causal_lm(sys.argv[1], dtype=torch.float32).named_parameters())
+moved = [(base["weights"][n] - w).flatten() for n, w in start.items()], [(bf16["weights"][n] - w).flatten()
+                                                                         for n, w in start.items()]
+moved = torch.cat(moved[0]).detach(), torch.cat(moved[1]).detach()
+row = {"rank": rank, "seen": seen, "step": float(moved[0].abs().max()),
+       # AdamW's first update is about lr * sign(gradient): the share of weights both moved the same way
+       "agree": float((torch.sign(moved[0]) == torch.sign(moved[1])).double().mean()),
+       **{f"{k}_{name}": v[name] for k, v in out.items() for name in ("grad_norm", "loss", "masters", "moments")}}
+with open(f"{sys.argv[2]}/rank{rank}.json", "w") as f:
+    json.dump(row, f)
+dist.destroy_process_group()
+"""
+
+
+def test_under_bf16_autocast_the_layers_gather_bf16_and_keep_fp32_masters(tokenizer, tmp_path, torchrun):
+    """BF16 autocast (on CPU ranks here, as on a GPU): a sharded layer's forward sees its weights
+    gathered as BF16, the shards and AdamW's moments stay FP32, and the step is the data-parallel
+    one to BF16's precision: gradient norm and loss to 2%, and AdamW's first update (about lr times
+    the gradient's sign) moves over 95% of the weights the same way (a gradient element near 0 may
+    change sign in BF16). Under NVFP4 QAT the layers gather FP32 (the fake quantization sees the
+    master weights)."""
+    import json
+
+    from slime_gb10.grpo.models import write_random_model
+
+    model_dir = write_random_model(tmp_path / "model", tokenizer, initializer_range=0.3)
+    script = tmp_path / "bf16.py"
+    script.write_text(BF16_GATHERS)
+    run = torchrun(str(script), str(model_dir), str(tmp_path), timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+    rows = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
+    assert sorted(r["rank"] for r in rows) == [0, 1]
+    for r in rows:
+        assert r["seen"] == {"none-none": "torch.float32", "fsdp-none": "torch.bfloat16",
+                             "fsdp-nvfp4-qat": "torch.float32"}, r  # fmt: skip
+        for key in ("none-none", "fsdp-none", "fsdp-nvfp4-qat"):
+            assert r[f"{key}_masters"] == ["torch.float32"] and r[f"{key}_moments"] == ["torch.float32"], r
+        assert r["fsdp-none_grad_norm"] == pytest.approx(r["none-none_grad_norm"], rel=2e-2)
+        assert r["fsdp-none_loss"] == pytest.approx(r["none-none_loss"], rel=2e-2, abs=1e-6)
+        assert 5e-4 < r["step"] <= 1.01e-3 and r["agree"] > 0.95, r  # the update moved; both alike

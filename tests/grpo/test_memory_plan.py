@@ -68,14 +68,20 @@ def test_tiny_llama_by_hand():
     # ... and the torch engine, decoding from the codes, holds codes, scales and scale codes: 10/16 byte
     assert nvfp4.parts["NVFP4 engine codes"] == linear * 10 // 16 and "NVFP4 engine codes" not in gpu.parts
     # FSDP over 4 ranks: a quarter of the weights, moments and gradients, plus what is whole at once:
-    # the root group (embedding = tied head, final norm) and its gradient, and three layers', FP32
+    # the root group (embedding = tied head, final norm) and its gradient, and three layers', gathered
+    # as BF16 under autocast (no BF16 casts of them then), FP32 under NVFP4 QAT
     fsdp = mp.estimate(config(**{"train.sharding": "fsdp"}), llama(), device="cuda", world_size=4)
     assert (
         fsdp.parts["trainer weights"] == 4 * by_hand // 4 and fsdp.parts["AdamW states"] == 8 * by_hand // 4
     )
     assert fsdp.parts["gradients"] == 4 * by_hand // 4
     outer = VOCAB * H + H
-    assert fsdp.parts["FSDP gathered weights"] == 4 * (2 * outer + 3 * (by_hand - outer) // LAYERS)
+    assert fsdp.parts["FSDP gathered weights"] == 2 * (2 * outer + 3 * (by_hand - outer) // LAYERS)
+    assert "BF16 weight casts" not in fsdp.parts and gpu.parts["BF16 weight casts"] > 0
+    qat = mp.estimate(config(**{"train.sharding": "fsdp", "rollout.weights": "nvfp4"}), llama(), device="cuda",
+                      world_size=4)  # fmt: skip
+    assert qat.parts["FSDP gathered weights"] == 4 * (2 * outer + 3 * (by_hand - outer) // LAYERS)
+    assert qat.parts["BF16 weight casts"] == gpu.parts["BF16 weight casts"]
     assert "FSDP gathered weights" not in mp.estimate(config(), llama(), device="cuda", world_size=4).parts
     on_cpu = mp.estimate(config(**{"rollout.weights": "nvfp4"}), llama(), device="cpu")
     assert "NVFP4 engine codes" not in on_cpu.parts  # "auto" on a CPU: the HF forward, no codes
@@ -362,3 +368,78 @@ def test_a_model_whose_training_state_fills_the_gpu_is_told_to_shard_it():
     assert "train.sharding=fsdp" not in mp.refusal(
         config(**{"train.sharding": "fsdp"}), sharded, 10 * 2**30, "free memory of cuda:0", "cuda:0"
     )
+
+
+# ------------------------------------------------------------------- a model one GPU cannot train (issue #40)
+@pytest.fixture()
+def seven_b_dir(tmp_path):
+    """The config (no weights) of the Qwen2.5-7B body with SmolLM2's vocabulary: the shape of the
+    #40 table (bench/decode.py's "7b")."""
+    from slime_gb10.bench.decode import DECODE_SHAPES
+    from slime_gb10.grpo.models import random_model_config
+
+    sizes = DECODE_SHAPES["7b"].model_sizes()
+    random_model_config(vocab_size=49152, **sizes).save_pretrained(tmp_path)
+    return tmp_path
+
+
+def on_an_h100(monkeypatch, free_gib=79.0):
+    """``check`` as on one discrete 80 GB GPU: the device, its free memory (faked: no GPU here)."""
+    from slime_gb10.grpo import registry
+
+    monkeypatch.setattr(registry, "resolve_device", lambda spec: torch.device("cuda", 0))
+    monkeypatch.setattr(
+        mp, "available", lambda device: (int(free_gib * 2**30), "free memory of cuda:0 (H100)")
+    )
+    monkeypatch.setattr(mp, "uses_host_memory", lambda device: False)
+
+
+def seven_b_config(path, **overrides):
+    return config(**{"model.name_or_path": str(path), "backends.rollout": "torch", "backends.trainer": "torch",
+                     "rollout.prompts_per_step": 8, "rollout.group_size": 8, "rollout.max_new_tokens": 256,
+                     "train.micro_batch_size": 8, **overrides})  # fmt: skip
+
+
+def test_a_discrete_gpu_refuses_what_its_training_state_alone_exceeds(monkeypatch, seven_b_dir, caplog):
+    on_an_h100(monkeypatch)
+    cfg = seven_b_config(seven_b_dir)
+    plan = mp.estimate(cfg, mp.read_model_config(cfg), device="cuda")
+    n = plan.params
+    # by hand: per layer q and o h*h, k and v h*512, their biases 3584 + 2*512, the MLP 3*h*18944, two
+    # norms; the embedding and the untied head V*h each; the final norm
+    h, kv = 3584, 4 * 128
+    layer = 2 * h * h + 2 * h * kv + h + 2 * kv + 3 * h * 18944 + 2 * h
+    assert n == 28 * layer + 2 * 49152 * h + h == 6_877_943_296
+    # FP32 weights and gradients, two FP32 moments, the engine's BF16 copy: tensors of known size
+    assert plan.exact == (4 + 4 + 8 + 2) * n
+    with pytest.raises(mp.MemoryPlanError) as refused:
+        mp.check(cfg, prompt_tokens=100)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "weights, gradients and optimizer states alone are" in message
+    assert "torchrun --nproc-per-node N" in message and "--set train.sharding=fsdp" in message
+    # four ranks of FSDP: a quarter of the state each; the plan is logged, no refusal
+    with caplog.at_level(logging.INFO, logger=mp.__name__):
+        sharded = mp.check(seven_b_config(seven_b_dir, **{"train.sharding": "fsdp"}), world_size=4,
+                           prompt_tokens=100)  # fmt: skip
+    assert sharded is not None and sharded.exact == (4 + 4 + 8) * n // 4 + 2 * n
+    # sharded over two and still too big for a budget: the advice is more GPUs, not the setting already on
+    two = seven_b_config(seven_b_dir, **{"train.sharding": "fsdp"})
+    text = mp.refusal(two, mp.estimate(two, mp.read_model_config(two), device="cuda", world_size=2), 2**30,
+                      "test", "cuda:0", world_size=2)  # fmt: skip
+    assert "over more than 2 GPUs" in text and "--set train.sharding=fsdp" not in text
+    # data parallel on four ranks holds it all on each: refused, with the sharding advice
+    with pytest.raises(mp.MemoryPlanError, match=r"train\.sharding=fsdp"):
+        mp.check(cfg, world_size=4, prompt_tokens=100)
+
+
+def test_a_discrete_gpu_warns_when_only_the_estimate_is_over(monkeypatch, tiny_dir, caplog):
+    on_an_h100(monkeypatch, free_gib=0.1)
+    cfg = config(
+        **{"model.name_or_path": str(tiny_dir), "backends.rollout": "torch", "backends.trainer": "torch"}
+    )
+    plan = mp.estimate(cfg, mp.read_model_config(cfg), device="cuda")
+    assert plan.exact < 0.1 * 2**30 < plan.total  # the CUDA overhead alone is 0.5 GiB
+    with caplog.at_level(logging.WARNING, logger=mp.__name__):
+        assert mp.check(cfg, prompt_tokens=30) is not None
+    assert any("[a warning on a discrete GPU]" in r.getMessage() for r in caplog.records)

@@ -21,7 +21,9 @@ data's longest prompt + ``max_new_tokens``): activations and caches are upper bo
 
 The budget is what is free (:func:`available`) or ``train.memory_budget_gib`` (0: no check). Over
 :data:`SAFETY_MARGIN` of it a run is refused on host memory (a CPU, a GB10) and warned about on a
-discrete GPU, where CUDA's out-of-memory error ends a run cleanly.
+discrete GPU, where CUDA's out-of-memory error ends a run cleanly; there too it is refused when the
+tensors of known size alone (:data:`EXACT_PARTS`: weights, gradients, AdamW states) exceed the
+budget, which no estimate's slack can save (a 7B model's training state on one 80 GB GPU).
 """
 
 from __future__ import annotations
@@ -51,6 +53,12 @@ CACHE_ROUND = 64
 #: The chunked logprobs' block sizes (``logprobs.py``, ``torch_backend.token_logprobs``).
 TOKEN_CHUNK = EAGER_HEAD_CHUNK = 4096
 COMPILED_HEAD_CHUNK = 49152
+#: The plan's parts that are tensors of a known size, not estimates: weights, gradients and moments
+#: (held together in a training step), the reference and the engine's copy.
+EXACT_PARTS = (
+    "trainer weights", "AdamW states", "gradients", "reference model", "rollout weights",
+    "NVFP4 sync codes", "NVFP4 engine codes",
+)  # fmt: skip
 
 
 class MemoryPlanError(ConfigError):
@@ -264,6 +272,12 @@ class Plan:
     def biggest(self, count: int = 3) -> list[tuple[str, int]]:
         return sorted(((k, v) for k, v in self.parts.items() if v > 0), key=lambda kv: -kv[1])[:count]
 
+    @property
+    def exact(self) -> int:
+        """The bytes of :data:`EXACT_PARTS`, gradients included whichever phase the peak is in."""
+        both = {**self.other_phase, **self.parts}
+        return sum(both.get(name, 0) for name in EXACT_PARTS)
+
     def describe(self) -> str:
         """``trainer weights 0.50 GiB, gradients 0.50 GiB, ...`` (parts of at least 0.01 GiB)."""
         shown = [f"{name} {gib(value)}" for name, value in self.parts.items() if value >= GIB / 100]
@@ -372,9 +386,14 @@ def estimate(
     # train.sharding=fsdp: 1/world of the FP32 weights, gradients and moments per rank, plus, gathered, the
     # outer group (embeddings, head, norm: the root, unsharded from its forward to the end of the backward,
     # and its gradient, reduce-scattered only then) and ~3 layers (computing, prefetched, unsharded gradient)
+    # ~3 layers (computing, prefetched, unsharded gradient); gathered in BF16 under autocast (no
+    # NVFP4 QAT: backends/fsdp.py), so autocast makes no BF16 copies of them
     shards = world_size if train.sharding == "fsdp" and trainer == "torch" and world_size > 1 else 1
     outer = s.vocab * s.hidden * (1 if s.tied else 2) + s.hidden
-    gathered = 4 * (2 * outer + 3 * (n - outer) // max(1, s.layers)) if shards > 1 else 0
+    bf16_gathers = shards > 1 and autocast and config.train.quantization != "nvfp4-qat"
+    gathered = (
+        (2 if bf16_gathers else 4) * (2 * outer + 3 * (n - outer) // max(1, s.layers)) if shards > 1 else 0
+    )
     resident = {
         "trainer weights": trainer_weight_bytes(n, trainer) // shards,
         "AdamW states": adamw_bytes(n) // shards,
@@ -391,7 +410,7 @@ def estimate(
         "activations": activation_bytes(
             s, mb_rows, seq, autocast=autocast or (trainer == "megatron" and gpu), checkpointing=checkpointing
         ),
-        "BF16 weight casts": weight_cast_bytes(s, n, autocast),
+        "BF16 weight casts": 0 if bf16_gathers else weight_cast_bytes(s, n, autocast),
         "logprob head": logprob_head_bytes(
             s,
             mb_rows * roll.max_new_tokens,
@@ -456,8 +475,11 @@ def available(device: torch.device | str) -> tuple[int | None, str]:
 
 
 # ------------------------------------------------------------------------- the check
-def refusal(config, plan: Plan, budget: int, source: str, where: str, ranks: int = 1) -> str:
-    """The one-line message of a run that does not fit (``ranks`` of it sharing the budget)."""
+def refusal(
+    config, plan: Plan, budget: int, source: str, where: str, ranks: int = 1, world_size: int = 1
+) -> str:
+    """The one-line message of a run that does not fit (``ranks`` of it sharing the budget; one of
+    ``world_size`` ranks)."""
     roll = config.rollout
     biggest = ", ".join(f"{name} {gib(value)}" for name, value in plan.biggest())
     fixes = (
@@ -468,15 +490,20 @@ def refusal(config, plan: Plan, budget: int, source: str, where: str, ranks: int
     if not config.model.gradient_checkpointing:
         fixes += ", or set model.gradient_checkpointing=true"
     state = sum(plan.parts.get(k, 0) for k in ("trainer weights", "AdamW states", "gradients"))
-    if "FSDP gathered weights" not in plan.parts and state * 2 >= plan.total:  # mostly training state
-        fixes += (f"; or shard the training state ({gib(state)}) over N GPUs: torchrun --nproc-per-node N (two "
-                  "Sparks: --nnodes 2, README) -m slime_gb10 train ... --set train.sharding=fsdp")  # fmt: skip
+    if state * 2 >= plan.total:  # mostly training state
+        if "FSDP gathered weights" in plan.parts:
+            fixes += f"; or shard the training state ({gib(state)} per rank) over more than {world_size} GPUs"
+        else:
+            fixes += (f"; or shard the training state ({gib(state)}) over N GPUs: torchrun --nproc-per-node N (two "
+                      "Sparks: --nnodes 2, README) -m slime_gb10 train ... --set train.sharding=fsdp")  # fmt: skip
     need = gib(plan.total * ranks) + (f" ({ranks} ranks x {gib(plan.total)})" if ranks > 1 else "")
     has = (
         f"the budget is {gib(budget)} ({source})"
         if source.startswith(BUDGET_KEY)
         else f"{where} has {gib(budget)} free ({source})"
     )
+    if plan.exact * ranks > budget:  # fails whatever the estimate's slack
+        need += f", of which weights, gradients and optimizer states alone are {gib(plan.exact * ranks)}"
     return (
         f"memory plan: this run needs about {need} at its peak (the {plan.phase}) but {has} "
         f"and runs are refused above {SAFETY_MARGIN:.0%} of that; biggest parts: "
@@ -535,11 +562,15 @@ def check(
     host = uses_host_memory(device)
     ranks = ranks_per_host if ranks_per_host > 1 and host else 1
     if plan.total * ranks > SAFETY_MARGIN * budget:
-        if host:  # a CPU, a GB10: running out takes the OOM killer or a wedged host, so refuse
-            raise MemoryPlanError(refusal(config, plan, budget, source, where, ranks))
-        # a discrete GPU: CUDA's out-of-memory error stops the run cleanly, and the estimate runs
-        # high (1.2-1.8x the peaks measured on an H100, compiled layers): a warning, not a refusal
-        log.warning("%s [a warning on a discrete GPU]", refusal(config, plan, budget, source, where, ranks))
+        message = refusal(config, plan, budget, source, where, ranks, world_size)
+        # a CPU, a GB10: running out takes the OOM killer or a wedged host, so refuse; a discrete
+        # GPU: refuse when the tensors of known size alone do not fit (a certain out-of-memory
+        # error, minutes into loading)
+        if host or plan.exact * ranks > budget:
+            raise MemoryPlanError(message)
+        # else CUDA's out-of-memory error stops the run cleanly, and the estimate runs high
+        # (1.2-1.8x the peaks measured on an H100, compiled layers): a warning, not a refusal
+        log.warning("%s [a warning on a discrete GPU]", message)
         return plan
     log.info(
         "memory plan: about %s of %s on %s (%s), peak in the %s: %s [%s]",

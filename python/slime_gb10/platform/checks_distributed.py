@@ -44,10 +44,10 @@ def rdma_devices(root: Path = SYSFS_INFINIBAND) -> list[dict]:
 
 
 #: bytes a parameter that one FSDP micro-batch (forward and backward) puts through the collectives
-#: (grpo/backends/fsdp.py: no mixed-precision policy, so the shards travel as they are kept): each
-#: layer's FP32 weights all-gathered for the forward and again for the backward, its FP32 gradients
-#: reduce-scattered (the root's embeddings, norm and head are gathered once: slightly less)
-FSDP_BYTES_PER_PARAMETER = 12
+#: on a GPU (grpo/backends/fsdp.py): each layer's weights all-gathered as BF16 for the forward and
+#: again for the backward, its FP32 gradients reduce-scattered (the root's embeddings, norm and head
+#: are gathered once: slightly less). Under NVFP4 QAT the gathers are FP32: 12.
+FSDP_BYTES_PER_PARAMETER = 2 + 2 + 4
 
 
 def fsdp_seconds_per_billion(world: int, busbw_gbps: float) -> float:

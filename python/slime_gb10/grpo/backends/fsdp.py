@@ -7,6 +7,12 @@ gradients are reduce-scattered by FSDP itself, not by our all-reduce
 (:meth:`~slime_gb10.grpo.distributed.DistContext.all_reduce_gradients`). Reductions are sums, as the
 all-reduce's are (the loss is already divided by the global token count), and in FP32.
 
+Under BF16 autocast (a GPU) the layers gather their weights as BF16 (``MixedPrecisionPolicy``, the
+FP32 shards cast before the all-gather): half the bytes on the wire, and no FP32 copy of a layer
+for autocast to cast again and keep for the backward (a 7B model's 12 GiB of BF16 casts per rank);
+gradients arrive in BF16 and are reduced in FP32 into the FP32 shards. Under NVFP4 QAT the layers
+gather FP32: the fake quantization must see the master weights the sync quantizes.
+
 What FSDP asks of the loop: every rank runs the same number of forwards and backwards (each one
 all-gathers), so :func:`pad_microbatches` evens out the micro-batch counts that zero-variance
 filtering leaves unequal, with micro-batches of no tokens; the gradient norm, the weight sync
@@ -33,21 +39,28 @@ def is_sharded(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def shard_model(model: nn.Module, forward_name: str, forward: Callable) -> int:
+def shard_model(
+    model: nn.Module, forward_name: str, forward: Callable, param_dtype: torch.dtype | None = None
+) -> int:
     """``fully_shard`` each decoder layer, then the model (embeddings, final norm, LM head: a tied
-    head is the embedding, one parameter); gradient reductions summed (divide factor 1). Call
+    head is the embedding, one parameter); gradient reductions summed (divide factor 1), in FP32.
+    ``param_dtype``: the dtype the weights are gathered in for compute (None: their own). Call
     before the optimizer sees the parameters (they become DTensors). Returns the number of layers.
 
     The trainer never calls the model's own forward: it runs the decoder, then its chunked LM head
     on the head's weight (``torch_backend.forward_logprobs``). ``forward(model, ...)`` becomes the
     model's method ``forward_name``, registered as an FSDP forward, so the model's weights are
     gathered around it as around a forward, and its backward reduces their gradients."""
-    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
     layers = list(model.model.layers)
     for layer in layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(
+            layer, mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+        )
+    # the root's inputs stay as they are (ids, positions, masks; its own weights are cast)
+    fully_shard(model, mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32,
+                                                      cast_forward_inputs=False))  # fmt: skip
     setattr(model, forward_name, functools.partial(forward, model))
     register_fsdp_forward_method(model, forward_name)
     for module in (*layers, model):

@@ -231,7 +231,8 @@ class TorchPolicyBackend(PolicyBackend):
             # what this rank loaded, for the ranks' weights check (distributed.agree_on_weights): once
             # sharded, every rank's export gathers the same mix of all ranks' shards
             self.loaded_digest = weights_digest(self.export_weights(64 << 20))
-            fsdp.shard_model(self.model, FORWARD_LOGPROBS, forward_logprobs)
+            gather = autocast_dtype if quantization != "nvfp4-qat" else None  # fsdp.py says why
+            fsdp.shard_model(self.model, FORWARD_LOGPROBS, forward_logprobs, param_dtype=gather)
             self.sharded = True
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
