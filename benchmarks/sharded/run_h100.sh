@@ -4,7 +4,7 @@
 # vocabulary (slime_gb10.bench); the 7B shape refused on one GPU and under data parallelism.
 # From the repository root, with PYTHONPATH holding the package; TOKENIZER: SmolLM2's tokenizer
 # directory; GPU0_BUSY=1: GPU 0 is taken (the GPU test suite runs there) until /tmp/res/suite.rc
-# exists. Writes /tmp/sharded/{jobs.tsv,logs/,runs/}; then: python benchmarks/sharded/table.py /tmp/sharded
+# exists; JOB_EXTRA: more flags for every launch (e.g. --set train.compile=false). Writes /tmp/sharded/{jobs.tsv,logs/,runs/}; then: python benchmarks/sharded/table.py /tmp/sharded
 set -u
 W=/tmp/sharded
 mkdir -p $W/logs $W/runs $W/models
@@ -43,7 +43,7 @@ job() {
     --model $W/models/$shape --rollout torch --trainer torch --steps 4 --lr 1e-6 --output $W/runs/$name \
     $(shape_args "$shape") --set train.sharding="$sharding" --set algo.skip_zero_variance_groups=false \
     --set algo.mask_truncated=false --set eval.every=0 --set eval.at_end=false --set output.samples_per_step=0 \
-    --no-progress "$@" > $W/logs/$name.log 2>&1
+    --no-progress ${JOB_EXTRA:-} "$@" > $W/logs/$name.log 2>&1
   local rc=$?
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$gpus" "$shape" "$sharding" "$n" "$rc" >> $W/jobs.tsv
   echo "$(date -u +%H:%M:%S) done $name rc $rc" >> $W/progress
@@ -53,34 +53,32 @@ job() {
 CUDA_VISIBLE_DEVICES=1 $PY -c "import json; from slime_gb10.bench.grpo import measure_ceilings; \
 print(json.dumps(measure_ceilings()))" > $W/ceilings.json 2> $W/logs/ceilings.log
 
-# GPUs 1-3 while GPU 0 runs the test suite
-job C-1 1 C none &
-job C-fsdp-2 2,3 C fsdp --set output.checkpoint_every=2 &
-wait
-# compiled layers under FSDP have not run on a GPU before this: if they fail, the sharded launches
-# run the plain layers (said in the table's notes) rather than not at all
-if ! grep -q "^C-fsdp-2.*	0$" $W/jobs.tsv && grep -qiE "dynamo|inductor|compile" $W/logs/C-fsdp-2.log; then
-  echo "FSDP: compiled layers failed, sharded launches use train.compile=false" >> $W/progress
-  mv $W/logs/C-fsdp-2.log $W/logs/C-fsdp-2-compiled.log; rm -rf $W/runs/C-fsdp-2
-  sed -i '/^C-fsdp-2	/d' $W/jobs.tsv
-  FSDP_EXTRA="--set train.compile=false"
-  job C-fsdp-2 2,3 C fsdp --set output.checkpoint_every=2 $FSDP_EXTRA
-fi
-job 7b-1 1 7b fsdp &   # refused: one GPU holds neither the 7B's training state nor its plan
-job C-dp-2 2,3 C none &
-wait
-job 7b-fsdp-2 2,3 7b fsdp
-if [ "${GPU0_BUSY:-0}" = 1 ]; then
+if [ "${GPU0_BUSY:-0}" = 1 ]; then  # GPUs 1-3 while GPU 0 runs the test suite, then all four
+  job C-1 1 C none &
+  job C-fsdp-2 2,3 C fsdp --set output.checkpoint_every=2 &
+  wait
+  job 7b-1 1 7b fsdp &   # refused: one GPU holds neither the 7B's training state nor its plan
+  job C-dp-2 2,3 C none &
+  wait
+  job 7b-fsdp-2 2,3 7b fsdp
   while [ ! -f /tmp/res/suite.rc ]; do sleep 5; done
+else  # all four GPUs from the start
+  job C-1 0 C none &
+  job C-dp-2 1,2 C none &
+  job 7b-1 3 7b fsdp &
+  wait
+  job C-fsdp-2 0,1 C fsdp --set output.checkpoint_every=2 &
+  job 7b-fsdp-2 2,3 7b fsdp &
+  wait
 fi
 job 7b-dp-4 0,1,2,3 7b none  # refused: data parallelism holds the whole training state on each GPU
 job 7b-fsdp-4 0,1,2,3 7b fsdp
-job C-fsdp-4 0,1,2,3 C fsdp ${FSDP_EXTRA:-}
+job C-fsdp-4 0,1,2,3 C fsdp
 job C-dp-4 0,1,2,3 C none
 # the 2-GPU sharded checkpoint of step 2, resumed on 4 GPUs (resharding under NCCL) for 1 more step
 cp -r $W/runs/C-fsdp-2 $W/runs/C-reshard-2to4 && \
   CUDA_VISIBLE_DEVICES=0,1,2,3 timeout 300 torchrun --standalone --nproc-per-node 4 -m slime_gb10 train \
-    --resume $W/runs/C-reshard-2to4/checkpoints/step-000002 --set train.steps=3 --no-progress ${FSDP_EXTRA:-} \
+    --resume $W/runs/C-reshard-2to4/checkpoints/step-000002 --set train.steps=3 --no-progress ${JOB_EXTRA:-} \
     > $W/logs/C-reshard-2to4.log 2>&1
 echo "$(date -u +%H:%M:%S) done C-reshard-2to4 rc $?" >> $W/progress
 # the doctor's distributed check on the 4 GPUs: NCCL's bus bandwidth and what a sharded step needs
