@@ -82,6 +82,6 @@ cp -r $W/runs/C-fsdp-2 $W/runs/C-reshard-2to4 && \
     > $W/logs/C-reshard-2to4.log 2>&1
 echo "$(date -u +%H:%M:%S) done C-reshard-2to4 rc $?" >> $W/progress
 # the doctor's distributed check on the 4 GPUs: NCCL's bus bandwidth and what a sharded step needs
-CUDA_VISIBLE_DEVICES=0,1,2,3 timeout 240 torchrun --standalone --nproc-per-node 4 -m slime_gb10 doctor \
+CUDA_VISIBLE_DEVICES=0,1,2,3 timeout 90 torchrun --standalone --nproc-per-node 4 -m slime_gb10 doctor \
   > $W/logs/doctor-4.log 2>&1
 echo "$(date -u +%H:%M:%S) all done" >> $W/progress
