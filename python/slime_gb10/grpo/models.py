@@ -92,6 +92,7 @@ def convert_gguf(gguf_path: Path, target: Path) -> Path:
         model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype="float32")
     except Exception as exc:  # transformers raises many types here
         raise ModelLoadError(f"cannot read GGUF '{gguf_path}': {exc}") from exc
+    special_tokens_from_config(tokenizer, model.config)
     # The weights are plain floats now; drop the GGUF marker so save_pretrained writes them.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -103,6 +104,19 @@ def convert_gguf(gguf_path: Path, target: Path) -> Path:
     except (OSError, OutputPathError) as exc:  # a full disk, permissions changed meanwhile
         raise _cache_error(target.parent, exc) from exc
     return target
+
+
+def special_tokens_from_config(tokenizer, config) -> None:
+    """Set the tokenizer's bos/eos/pad tokens to the ids the model config (the GGUF's metadata)
+    records, where they differ. transformers 5.17 converts SmolLM2's GGUF tokenizer with eos
+    <|im_start|> (id 1) and no pad, while the metadata says <|im_end|> (2) for both; 5.24 agrees
+    with the metadata. A pad token that opens every prompt is harmless to a trained model but not
+    to a random one (:func:`write_random_model`)."""
+    for kind in ("bos", "eos", "pad"):
+        token_id = getattr(config, f"{kind}_token_id", None)
+        known = isinstance(token_id, int) and 0 <= token_id < len(tokenizer)
+        if known and getattr(tokenizer, f"{kind}_token_id") != token_id:
+            setattr(tokenizer, f"{kind}_token", tokenizer.convert_ids_to_tokens(token_id))
 
 
 def _is_converted(directory: Path) -> bool:
@@ -304,6 +318,16 @@ def write_random_model(
     config = random_model_config(vocab_size=vocab, token_ids=ids, **sizes)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config)
+    # transformers zeroes the embedding row of the pad token (nn.Embedding's padding_idx). A tokenizer
+    # may pad with a token the prompts hold: SmolLM2 converted from its GGUF by transformers 5.17
+    # pads with <|im_start|>, the first token of every chat prompt. Position 0's hidden state is then
+    # exactly 0 through every layer, and each RMSNorm's backward scales its gradient there by
+    # 1/sqrt(eps): inf, then NaN, after some 20 layers (issue #40's first 1.5B and 7B runs). A random
+    # model draws that row like the others.
+    pad = config.pad_token_id
+    if pad is not None:
+        with torch.no_grad():
+            model.get_input_embeddings().weight[pad].normal_(0.0, config.initializer_range)
     if dtype is not None:
         model = model.to(dtype)
     with atomic_directory(directory) as tmp:
