@@ -8,6 +8,7 @@
 set -u
 W=/tmp/sharded
 mkdir -p $W/logs $W/runs $W/models
+rm -rf "${W:?}"/runs/* "${W:?}"/logs/* $W/progress  # a second run starts clean (the models stay)
 : > $W/jobs.tsv
 PY=python3
 

@@ -40,12 +40,14 @@ print(
 print("|---|---|---|---|---|---|---|---|---|---|")
 for r in sorted(results, key=lambda r: (r["shape"], r["gpus"], r["sharding"])):
     mode = "FSDP" if r["sharding"] == "fsdp" and r["gpus"] > 1 else ("DP" if r["gpus"] > 1 else "1 GPU")
+    if r["rc"] != 0 and r["steps"]:  # stopped part-way: its medians are of the steps it logged
+        mode += f" (exit {r['rc']} after step {r['steps'] + 1})"
     if not r["steps"]:
         print(
             f"| {r['shape']} | {mode} | {r['gpus']} | refused or failed (exit {r['rc']}): {error_line(r['name'])} |"
         )
         continue
-    trained = [b for b in results if b["shape"] == r["shape"] and b["steps"]]
+    trained = [b for b in results if b["shape"] == r["shape"] and b["steps"] and b["rc"] == 0] or [r]
     base = min(trained, key=lambda b: (b["gpus"], b["sharding"] != "none"))
     eff = base["gpus"] * base["step_time_s"] / (r["gpus"] * r["step_time_s"])
     eff_train = base["gpus"] * base["train_time_s"] / (r["gpus"] * r["train_time_s"])

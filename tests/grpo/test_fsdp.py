@@ -259,10 +259,17 @@ samples = [Sample([3, 4 + i], [5, 6 + i, 7, 8], [-3.0] * 4, float(torch.randn(1,
                   truncated=False) for i in range(4)]
 ctx = DistContext(rank=rank, world_size=2, timeout_s=120)
 out, seen = {}, {}
+from slime_gb10.grpo.batching import collate
+batch, _ = collate(samples, 0)
+gaps = {}
 for sharding, quantization in (("none", "none"), ("fsdp", "none"), ("fsdp", "nvfp4-qat")):
     key = f"{sharding}-{quantization}"
-    backend = TorchPolicyBackend(load_causal_lm(sys.argv[1], dtype=torch.float32), None, "cpu", train=cfg.train,
-                                 sharding=sharding, autocast_dtype=torch.bfloat16, quantization=quantization)
+    model = load_causal_lm(sys.argv[1], dtype=torch.float32)
+    backend = TorchPolicyBackend(model, None, "cpu", train=cfg.train, sharding=sharding,
+                                 autocast_dtype=torch.bfloat16, quantization=quantization,
+                                 reference_model=load_causal_lm(sys.argv[1], dtype=torch.float32))
+    # the reference (the starting policy) computes as the policy does: equal logprobs before an update
+    gaps[key] = float((backend.logprobs(batch)[0] - backend.reference_logprobs(batch)).abs().max())
     backend.grad_sync = ctx.all_reduce_gradients
     layer = backend.model.model.layers[0]
     # the dtype of layer 0's up projection as its forward runs (FSDP's gathered weight)
@@ -277,7 +284,7 @@ start = dict(load_causal_lm(sys.argv[1], dtype=torch.float32).named_parameters()
 moved = [(base["weights"][n] - w).flatten() for n, w in start.items()], [(bf16["weights"][n] - w).flatten()
                                                                          for n, w in start.items()]
 moved = torch.cat(moved[0]).detach(), torch.cat(moved[1]).detach()
-row = {"rank": rank, "seen": seen, "step": float(moved[0].abs().max()),
+row = {"rank": rank, "seen": seen, "step": float(moved[0].abs().max()), "gaps": gaps,
        # AdamW's first update is about lr * sign(gradient): the share of weights both moved the same way
        "agree": float((torch.sign(moved[0]) == torch.sign(moved[1])).double().mean()),
        **{f"{k}_{name}": v[name] for k, v in out.items() for name in ("grad_norm", "loss", "masters", "moments")}}
@@ -293,7 +300,8 @@ def test_under_bf16_autocast_the_layers_gather_bf16_and_keep_fp32_masters(tokeni
     one to BF16's precision: gradient norm and loss to 2%, and AdamW's first update (about lr times
     the gradient's sign) moves over 95% of the weights the same way (a gradient element near 0 may
     change sign in BF16). Under NVFP4 QAT the layers gather FP32 (the fake quantization sees the
-    master weights)."""
+    master weights). The reference model is sharded alike: its logprobs equal the policy's before the
+    update (KL 0), sharded or not."""
     import json
 
     from slime_gb10.grpo.models import write_random_model
@@ -313,3 +321,4 @@ def test_under_bf16_autocast_the_layers_gather_bf16_and_keep_fp32_masters(tokeni
         assert r["fsdp-none_grad_norm"] == pytest.approx(r["none-none_grad_norm"], rel=2e-2)
         assert r["fsdp-none_loss"] == pytest.approx(r["none-none_loss"], rel=2e-2, abs=1e-6)
         assert 5e-4 < r["step"] <= 1.01e-3 and r["agree"] > 0.95, r  # the update moved; both alike
+        assert r["gaps"] == {"none-none": 0.0, "fsdp-none": 0.0, "fsdp-nvfp4-qat": 0.0}, r

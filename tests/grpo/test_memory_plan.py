@@ -18,6 +18,7 @@ from slime_gb10.grpo import memory_plan as mp
 from slime_gb10.grpo.config import ConfigError, build_config
 from slime_gb10.grpo.models import write_random_model
 from slime_gb10.grpo.rundir import run_outputs
+from slime_gb10.platform import host_memory
 
 # hidden 64, 2 layers, 4 heads of 16, 2 KV heads, MLP 128 (models.random_model_config's defaults)
 H, LAYERS, HEADS, KV_HEADS, HEAD_DIM, MLP, VOCAB = 64, 2, 4, 2, 16, 128, 1000
@@ -204,7 +205,7 @@ def test_activation_constant_against_saved_tensors():
 def test_host_available_reads_meminfo_and_a_lower_cgroup_limit(tmp_path):
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       131072000 kB\nMemAvailable:   100000000 kB\n")
-    assert mp.host_available(meminfo, tmp_path / "none") == (
+    assert host_memory.host_available(meminfo, tmp_path / "none") == (
         100000000 * 1024,
         "MemAvailable in /proc/meminfo",
     )
@@ -212,22 +213,22 @@ def test_host_available_reads_meminfo_and_a_lower_cgroup_limit(tmp_path):
     cgroup.mkdir()
     (cgroup / "memory.max").write_text("max\n")
     (cgroup / "memory.current").write_text("123\n")
-    assert mp.host_available(meminfo, cgroup)[0] == 100000000 * 1024  # no limit
+    assert host_memory.host_available(meminfo, cgroup)[0] == 100000000 * 1024  # no limit
     (cgroup / "memory.max").write_text(str(8 * 2**30))
     (cgroup / "memory.current").write_text(str(2**30))
-    free, source = mp.host_available(meminfo, cgroup)
+    free, source = host_memory.host_available(meminfo, cgroup)
     assert free == 7 * 2**30 and "memory.max" in source
     # page cache the kernel can reclaim (inactive_file) is headroom, not use
     (cgroup / "memory.stat").write_text(f"anon 1000\ninactive_file {2**29}\nactive_file 7\n")
-    assert mp.host_available(meminfo, cgroup)[0] == 7 * 2**30 + 2**29
-    assert mp.host_available(tmp_path / "missing", tmp_path / "none") == (None, "no /proc/meminfo")
+    assert host_memory.host_available(meminfo, cgroup)[0] == 7 * 2**30 + 2**29
+    assert host_memory.host_available(tmp_path / "missing", tmp_path / "none") == (None, "no /proc/meminfo")
 
 
 def fake_cuda(monkeypatch, capability, name):
     props = types.SimpleNamespace(major=capability[0], minor=capability[1], name=name, is_integrated=False)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
-    monkeypatch.setattr(mp, "host_available", lambda: (100 * 2**30, "MemAvailable in /proc/meminfo"))
+    monkeypatch.setattr(host_memory, "host_available", lambda: (100 * 2**30, "MemAvailable in /proc/meminfo"))
 
 
 def test_a_gb10_budgets_with_memavailable_not_nvml(monkeypatch):
@@ -237,14 +238,14 @@ def test_a_gb10_budgets_with_memavailable_not_nvml(monkeypatch):
         raise AssertionError("unified memory: the GPU's own free-memory query must not be used")
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", nvml_like)
-    free, source = mp.available("cuda")
+    free, source = host_memory.available("cuda")
     assert free == 100 * 2**30 and "MemAvailable" in source and "shares the host's memory" in source
 
 
 def test_a_discrete_gpu_budgets_with_its_free_memory(monkeypatch):
     fake_cuda(monkeypatch, (9, 0), "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (70 * 2**30, 80 * 2**30))
-    free, source = mp.available("cuda:0")
+    free, source = host_memory.available("cuda:0")
     assert free == 70 * 2**30 and "mem_get_info" in source
 
 
@@ -412,6 +413,9 @@ def test_a_discrete_gpu_refuses_what_its_training_state_alone_exceeds(monkeypatc
     assert n == 28 * layer + 2 * 49152 * h + h == 6_877_943_296
     # FP32 weights and gradients, two FP32 moments, the engine's BF16 copy: tensors of known size
     assert plan.exact == (4 + 4 + 8 + 2) * n
+    # SGLang's memory saver releases its BF16 weights while the trainer runs: they never meet the gradients
+    sglang = mp.estimate(cfg, mp.read_model_config(cfg), device="cuda", rollout="sglang")
+    assert sglang.exact == (4 + 4 + 8) * n
     with pytest.raises(mp.MemoryPlanError) as refused:
         mp.check(cfg, prompt_tokens=100)
     message = str(refused.value)

@@ -55,3 +55,26 @@ def test_a_converted_tokenizer_takes_the_special_tokens_its_model_config_records
         agrees, types.SimpleNamespace(bos_token_id=None, eos_token_id=[2], pad_token_id=99_999)
     )
     assert (agrees.eos_token, agrees.pad_token) == (tokenizer.eos_token, tokenizer.pad_token)
+
+
+def test_a_cache_converted_before_the_fix_loads_with_its_configs_special_tokens(
+    tokenizer, tmp_path, monkeypatch
+):
+    """A conversion transformers 5.17 wrote before convert_gguf set the special tokens (its files say
+    eos <|im_start|>) loads with the config's eos and pad (2) when it lies in the cache; the same files
+    elsewhere are a user's model and load as they are."""
+    import json
+
+    from slime_gb10.grpo.models import load_tokenizer
+
+    monkeypatch.setenv("SLIME_GB10_CACHE", str(tmp_path / "cache"))
+    tok = copy.deepcopy(tokenizer)
+    tok.eos_token = tok.pad_token = "<|im_start|>"
+    for where in (tmp_path / "cache" / "smollm2-135m-instruct", tmp_path / "elsewhere"):
+        tok.save_pretrained(where)
+        (where / "config.json").write_text(
+            json.dumps({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2})
+        )
+    cached = load_tokenizer(str(tmp_path / "cache" / "smollm2-135m-instruct"))
+    assert (cached.eos_token, cached.pad_token_id) == ("<|im_end|>", 2)
+    assert load_tokenizer(str(tmp_path / "elsewhere")).eos_token == "<|im_start|>"

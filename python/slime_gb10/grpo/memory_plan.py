@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from slime_gb10.grpo.config import ConfigError
-from slime_gb10.platform.host_memory import host_available
+from slime_gb10.platform.host_memory import available, uses_host_memory
 from slime_gb10.utils.errors import first_line
 
 log = logging.getLogger(__name__)
@@ -264,6 +264,8 @@ class Plan:
     phase: str
     basis: str = ""
     other_phase: dict[str, int] = field(default_factory=dict)
+    #: the bytes of :data:`EXACT_PARTS` that coexist at the worst moment (:func:`estimate`)
+    exact: int = 0
 
     @property
     def total(self) -> int:
@@ -271,12 +273,6 @@ class Plan:
 
     def biggest(self, count: int = 3) -> list[tuple[str, int]]:
         return sorted(((k, v) for k, v in self.parts.items() if v > 0), key=lambda kv: -kv[1])[:count]
-
-    @property
-    def exact(self) -> int:
-        """The bytes of :data:`EXACT_PARTS`, gradients included whichever phase the peak is in."""
-        both = {**self.other_phase, **self.parts}
-        return sum(both.get(name, 0) for name in EXACT_PARTS)
 
     def describe(self) -> str:
         """``trainer weights 0.50 GiB, gradients 0.50 GiB, ...`` (parts of at least 0.01 GiB)."""
@@ -386,8 +382,8 @@ def estimate(
     # train.sharding=fsdp: 1/world of the FP32 weights, gradients and moments per rank, plus, gathered, the
     # outer group (embeddings, head, norm: the root, unsharded from its forward to the end of the backward,
     # and its gradient, reduce-scattered only then) and ~3 layers (computing, prefetched, unsharded gradient)
-    # ~3 layers (computing, prefetched, unsharded gradient); gathered in BF16 under autocast (no
-    # NVFP4 QAT: backends/fsdp.py), so autocast makes no BF16 copies of them
+    # (the reference, when there is one, is sharded alike); gathered in BF16 under autocast (no NVFP4
+    # QAT: backends/fsdp.py), so autocast makes no BF16 copies of them
     shards = world_size if train.sharding == "fsdp" and trainer == "torch" and world_size > 1 else 1
     outer = s.vocab * s.hidden * (1 if s.tied else 2) + s.hidden
     bf16_gathers = shards > 1 and autocast and config.train.quantization != "nvfp4-qat"
@@ -398,7 +394,7 @@ def estimate(
         "trainer weights": trainer_weight_bytes(n, trainer) // shards,
         "AdamW states": adamw_bytes(n) // shards,
         "FSDP gathered weights": gathered,
-        "reference model": reference_bytes(n, trainer) if with_reference else 0,
+        "reference model": reference_bytes(n, trainer) // shards if with_reference else 0,
         "rollout weights": rollout_weight_bytes(n, engine_bytes),
         "NVFP4 sync codes": nvfp4_bytes(s, 9) if roll.weights == "nvfp4" else 0,
         "NVFP4 engine codes": nvfp4_bytes(s, 10) if roll.weights == "nvfp4" and static else 0,
@@ -433,45 +429,12 @@ def estimate(
         f"training micro-batch {mb_rows} x {seq} tokens ({trainer} backend"
         f"{', gradient checkpointing' if checkpointing else ''})"
     )
-    return Plan(parts=parts, params=n, phase=phase, basis=basis, other_phase=other)
-
-
-# ------------------------------------------------------------------------- the budget
-def _gpu(device: torch.device):
-    """(index, properties, unified memory?) of a CUDA device."""
-    from slime_gb10.platform.devices import is_unified_memory
-
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    props = torch.cuda.get_device_properties(index)
-    return (
-        index,
-        props,
-        is_unified_memory((props.major, props.minor), bool(getattr(props, "is_integrated", False))),
-    )
-
-
-def uses_host_memory(device: torch.device | str) -> bool:
-    """A CPU, or a GPU that shares the host's memory (GB10): every process on the host draws on it."""
-    device = torch.device(device)
-    return device.type != "cuda" or _gpu(device)[2]
-
-
-def available(device: torch.device | str) -> tuple[int | None, str]:
-    """(bytes free for this run on ``device``, where that number comes from).
-
-    A discrete GPU: ``torch.cuda.mem_get_info``'s free memory. A unified-memory GPU (GB10, compute
-    capability 12.1, or any integrated GPU: ``platform.devices.is_unified_memory``) and a CPU: the
-    host's ``MemAvailable`` (NVML reports no memory on a GB10, and the GPU's allocations come out
-    of the same pool as the CPU's)."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return host_available()
-    index, props, unified = _gpu(device)
-    if unified:
-        free, source = host_available()
-        return free, f"{source}: cuda:{index} ({props.name}) shares the host's memory"
-    free, _total = torch.cuda.mem_get_info(index)
-    return int(free), f"free memory of cuda:{index} ({props.name}), torch.cuda.mem_get_info"
+    # the tensors of known size that coexist: in a training step (gradients; SGLang's memory saver has
+    # released its weights then) or in a rollout, whichever holds more
+    known = sum(v for k, v in resident.items() if k in EXACT_PARTS)
+    released = resident["rollout weights"] if rollout == "sglang" and config.sglang.enable_memory_saver else 0
+    exact = max(known + training["gradients"] - released, known)
+    return Plan(parts=parts, params=n, phase=phase, basis=basis, other_phase=other, exact=exact)
 
 
 # ------------------------------------------------------------------------- the check

@@ -11,9 +11,11 @@ or a hub id.
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import tempfile
+import types
 from pathlib import Path
 
 from slime_gb10.utils.atomic import OutputPathError, atomic_directory
@@ -173,6 +175,12 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except OSError as exc:
         raise ModelLoadError(_hub_hint(path, exc)) from exc
+    config = Path(path) / "config.json"
+    if config.is_file() and Path(path).resolve().is_relative_to(cache_root().resolve()):
+        # our own GGUF conversion, perhaps by a transformers that got its special tokens wrong
+        # (convert_gguf now sets them; a cache converted before keeps its files)
+        ids = {k: v for k, v in json.loads(config.read_text()).items() if k.endswith("_token_id")}
+        special_tokens_from_config(tokenizer, types.SimpleNamespace(**ids))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"

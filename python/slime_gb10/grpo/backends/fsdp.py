@@ -11,7 +11,8 @@ Under BF16 autocast (a GPU) the layers gather their weights as BF16 (``MixedPrec
 FP32 shards cast before the all-gather): half the bytes on the wire, and no FP32 copy of a layer
 for autocast to cast again and keep for the backward (a 7B model's 12 GiB of BF16 casts per rank);
 gradients arrive in BF16 and are reduced in FP32 into the FP32 shards. Under NVFP4 QAT the layers
-gather FP32: the fake quantization must see the master weights the sync quantizes.
+gather FP32: the fake quantization must see the master weights the sync quantizes. A reference
+model (``algo.beta > 0``) is sharded the same way, so it computes as the policy does.
 
 What FSDP asks of the loop: every rank runs the same number of forwards and backwards (each one
 all-gathers), so :func:`pad_microbatches` evens out the micro-batch counts that zero-variance

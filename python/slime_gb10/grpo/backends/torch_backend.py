@@ -233,6 +233,9 @@ class TorchPolicyBackend(PolicyBackend):
             self.loaded_digest = weights_digest(self.export_weights(64 << 20))
             gather = autocast_dtype if quantization != "nvfp4-qat" else None  # fsdp.py says why
             fsdp.shard_model(self.model, FORWARD_LOGPROBS, forward_logprobs, param_dtype=gather)
+            if self.reference_model is not None:  # sharded alike: its logprobs are computed as the
+                # policy's (BF16 gathers), so KL is 0 before the first update, and it holds 1/world
+                fsdp.shard_model(self.reference_model, FORWARD_LOGPROBS, forward_logprobs, param_dtype=gather)
             self.sharded = True
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
