@@ -40,6 +40,18 @@ class RecordingBackend:
         return TrainStepResult(loss=0.0, grad_norm=1.0, metrics={})
 
 
+def two_ranks(torchrun, source: str, model_dir, out, pattern: str = "rank*.json") -> list[dict]:
+    """Run ``source`` on 2 ranks under torchrun (argv: the model, ``out``); the JSON files the ranks
+    wrote to ``out`` (one per rank: their stdout interleaves)."""
+    import json
+
+    script = out / "script.py"
+    script.write_text(source)
+    run = torchrun(str(script), str(model_dir), str(out), timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return [json.loads(p.read_text()) for p in sorted(out.glob(pattern))]
+
+
 def sample(tokens: int, advantage: float = 1.0) -> Sample:
     return Sample([1, 2], list(range(3, 3 + tokens)), [-0.5] * tokens, advantage, 1.0, truncated=False)
 
@@ -146,16 +158,11 @@ def test_uneven_ranks_with_an_untied_head_take_the_data_parallel_step(tokenizer,
     leaves them) on a model with an untied LM head; rank 1 pads with two. The sharded update equals
     the data-parallel one (weights to 1e-6, gradient norm and loss to 1e-5), its metrics and token
     counts are the data-parallel ones (no padding in them)."""
-    import json
 
     from slime_gb10.grpo.models import write_random_model
 
     model_dir = write_random_model(tmp_path / "untied", tokenizer, tied=False, initializer_range=0.3)
-    script = tmp_path / "uneven.py"
-    script.write_text(UNEVEN_RANKS)
-    run = torchrun(str(script), str(model_dir), str(tmp_path), timeout=300)
-    assert run.returncode == 0, run.stderr[-4000:]
-    rows = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
+    rows = two_ranks(torchrun, UNEVEN_RANKS, model_dir, tmp_path)
     assert sorted(r["rank"] for r in rows) == [0, 1]
     for r in rows:
         assert r["diff"] <= 1e-6, r
@@ -219,11 +226,7 @@ def test_a_non_finite_loss_on_one_rank_stops_every_rank_at_once(tokenizer, tmp_p
     from slime_gb10.grpo.models import write_random_model
 
     model_dir = write_random_model(tmp_path / "m", tokenizer, tied=False)
-    script = tmp_path / "nan.py"
-    script.write_text(NAN_ON_ONE_RANK)
-    run = torchrun(str(script), str(model_dir), str(tmp_path), timeout=300)
-    assert run.returncode == 0, run.stderr[-4000:]
-    scales = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("scale*.json"))]
+    scales = two_ranks(torchrun, NAN_ON_ONE_RANK, model_dir, tmp_path, "scale*.json")
     assert len(scales) == 2 and all(s["scale"] == s["want"] for s in scales), scales  # max |w| = 3 on rank 0
     rows = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
     assert sorted((r["sharding"], r["rank"]) for r in rows) == [
@@ -302,16 +305,11 @@ def test_under_bf16_autocast_the_layers_gather_bf16_and_keep_fp32_masters(tokeni
     change sign in BF16). Under NVFP4 QAT the layers gather FP32 (the fake quantization sees the
     master weights). The reference model is sharded alike: its logprobs equal the policy's before the
     update (KL 0), sharded or not."""
-    import json
 
     from slime_gb10.grpo.models import write_random_model
 
     model_dir = write_random_model(tmp_path / "model", tokenizer, initializer_range=0.3)
-    script = tmp_path / "bf16.py"
-    script.write_text(BF16_GATHERS)
-    run = torchrun(str(script), str(model_dir), str(tmp_path), timeout=300)
-    assert run.returncode == 0, run.stderr[-4000:]
-    rows = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
+    rows = two_ranks(torchrun, BF16_GATHERS, model_dir, tmp_path)
     assert sorted(r["rank"] for r in rows) == [0, 1]
     for r in rows:
         assert r["seen"] == {"none-none": "torch.float32", "fsdp-none": "torch.bfloat16",
