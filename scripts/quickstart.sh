@@ -62,8 +62,9 @@ if [ "$what" = test ]; then
   # The SGLang adapter's contract tests read sglang's sources and the Megatron mapping tests check
   # megatron-core's module names; nothing of either runs on a CPU, so their CUDA runtimes stay out.
   pipq --no-deps 'sglang==0.5.12.post1' 'megatron-core==0.16.1'
-  # The suite over the machine's cores, at most 4 workers (each holds a torch; CI's 2 cores: 11 min
-  # serially, 7 with two workers). Not in the test extra: the flake's checks run pytest serially.
+  # The suite over the machine's cores, at most 4 workers (each holds a torch; CI's 2 cores: 9.7 min
+  # with two workers, 2026-11-28, most of it the torchrun tests). Not in the test extra: the flake's
+  # checks run pytest serially.
   # SLIME_GB10_TEST_WORKERS=0 runs it in one process.
   pipq 'pytest-xdist>=3.5'
   workers=${SLIME_GB10_TEST_WORKERS:-$(nproc 2>/dev/null || echo 1)}
