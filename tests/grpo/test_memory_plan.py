@@ -432,6 +432,9 @@ def test_a_discrete_gpu_refuses_what_its_training_state_alone_exceeds(monkeypatc
     text = mp.refusal(two, mp.estimate(two, mp.read_model_config(two), device="cuda", world_size=2), 2**30,
                       "test", "cuda:0", world_size=2)  # fmt: skip
     assert "over more than 2 GPUs" in text and "--set train.sharding=fsdp" not in text
+    # the Megatron backend is not sharded by train.sharding: no such advice for it
+    megatron = mp.estimate(cfg, mp.read_model_config(cfg), device="cuda", trainer="megatron")
+    assert "train.sharding" not in mp.refusal(cfg, megatron, 2**30, "test", "cuda:0")
     # data parallel on four ranks holds it all on each: refused, with the sharding advice
     with pytest.raises(mp.MemoryPlanError, match=r"train\.sharding=fsdp"):
         mp.check(cfg, world_size=4, prompt_tokens=100)

@@ -266,6 +266,7 @@ class Plan:
     other_phase: dict[str, int] = field(default_factory=dict)
     #: the bytes of :data:`EXACT_PARTS` that coexist at the worst moment (:func:`estimate`)
     exact: int = 0
+    trainer: str = "torch"  # the policy backend planned for
 
     @property
     def total(self) -> int:
@@ -434,7 +435,9 @@ def estimate(
     known = sum(v for k, v in resident.items() if k in EXACT_PARTS)
     released = resident["rollout weights"] if rollout == "sglang" and config.sglang.enable_memory_saver else 0
     exact = max(known + training["gradients"] - released, known)
-    return Plan(parts=parts, params=n, phase=phase, basis=basis, other_phase=other, exact=exact)
+    return Plan(
+        parts=parts, params=n, phase=phase, basis=basis, other_phase=other, exact=exact, trainer=trainer
+    )
 
 
 # ------------------------------------------------------------------------- the check
@@ -453,7 +456,7 @@ def refusal(
     if not config.model.gradient_checkpointing:
         fixes += ", or set model.gradient_checkpointing=true"
     state = sum(plan.parts.get(k, 0) for k in ("trainer weights", "AdamW states", "gradients"))
-    if state * 2 >= plan.total:  # mostly training state
+    if state * 2 >= plan.total and plan.trainer == "torch":  # mostly training state, and FSDP can shard it
         if "FSDP gathered weights" in plan.parts:
             fixes += f"; or shard the training state ({gib(state)} per rank) over more than {world_size} GPUs"
         else:
