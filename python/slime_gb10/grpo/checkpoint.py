@@ -170,11 +170,9 @@ def save_checkpoint(
     """
     run_dir = Path(run_dir)
     target = checkpoint_path(run_dir, step)
-    if (target / "meta.json").is_file():
-        log.info("checkpoint of step %d already written: %s", step, target)
+    if _already_written(target, step):
         return target
-    # the others, oldest first, listed before the write: pruning never removes the new one
-    others = [path for _, path in list_checkpoints(run_dir) if path != target]
+    others = _others(run_dir, target)
     try:
         with atomic_directory(target) as tmp:
             torch.save(policy_state, tmp / "policy.pt")
@@ -184,9 +182,26 @@ def save_checkpoint(
             )
     except (OSError, RuntimeError) as exc:
         raise _write_failure(target, exc, _tensor_bytes(policy_state), run_dir) from exc
-    for old in others[: max(0, len(others) + 1 - keep)]:  # keep - 1 others stay beside it
-        shutil.rmtree(old, ignore_errors=True)
+    _prune(others, keep)
     return target
+
+
+def _already_written(target: Path, step: int) -> bool:
+    if (target / "meta.json").is_file():
+        log.info("checkpoint of step %d already written: %s", step, target)
+        return True
+    return False
+
+
+def _others(run_dir: Path, target: Path) -> list[Path]:
+    """The other checkpoints, oldest first, listed before a write: pruning never removes the new one."""
+    return [path for _, path in list_checkpoints(run_dir) if path != target]
+
+
+def _prune(others: list[Path], keep: int) -> None:
+    """Delete the oldest of ``others`` so that ``keep - 1`` stay beside the new checkpoint."""
+    for old in others[: max(0, len(others) + 1 - keep)]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def load_checkpoint(path: str | Path) -> tuple[dict, dict]:
@@ -315,19 +330,16 @@ def _save_sharded(run, state: dict, *, reason: str, prune: bool) -> Path:
     from slime_gb10.grpo.sharded_checkpoint import save_sharded
 
     target = checkpoint_path(run.run_dir, run.step)
-    if run.dist.gather((target / "meta.json").is_file())[0]:
-        log.info("checkpoint of step %d already written: %s", run.step, target)
+    if run.dist.gather(_already_written(target, run.step))[0]:  # rank 0 decides for all
         return target
-    others = [path for _, path in list_checkpoints(run.run_dir) if path != target]
+    others = _others(Path(run.run_dir), target)
     policy = run.backend.sharded_state()
     try:
         save_sharded(target, policy, state, run.dist, reason=reason)
     except (OSError, RuntimeError) as exc:
         raise _write_failure(target, exc, _tensor_bytes(policy), Path(run.run_dir)) from exc
     if run.dist.is_main:
-        keep = run.config.output.keep_checkpoints if prune else 1 << 30
-        for old in others[: max(0, len(others) + 1 - keep)]:
-            shutil.rmtree(old, ignore_errors=True)
+        _prune(others, run.config.output.keep_checkpoints if prune else 1 << 30)
     run.dist.barrier()
     return target
 
