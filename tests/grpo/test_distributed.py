@@ -242,9 +242,13 @@ def test_check_launch_and_shard():
     check_launch(config, 3)
     with pytest.raises(LaunchError, match="does not divide over 4 ranks"):
         check_launch(config, 4)
-    mixed = build_config(overrides={"rollout.prompts_per_step": 6, "backends.trainer": "megatron"})
-    with pytest.raises(LaunchError, match="--rollout torch --trainer torch"):
-        check_launch(mixed, 2)
+    sglang = build_config(overrides={"rollout.prompts_per_step": 6, "backends.rollout": "sglang"})
+    with pytest.raises(LaunchError, match="use --rollout torch"):
+        check_launch(sglang, 2)
+    megatron = {"rollout.prompts_per_step": 6, "backends.trainer": "megatron"}
+    check_launch(build_config(overrides=megatron), 2)  # Megatron-core's DDP (GPU: test_megatron_dp_gpu)
+    with pytest.raises(LaunchError, match=r"megatron\.use_distributed_optimizer=true"):
+        check_launch(build_config(overrides={**megatron, "train.sharding": "fsdp"}), 2)
     check_launch(build_config(overrides={"train.sharding": "fsdp", "rollout.weights": "nvfp4"}), 2)
     check_launch(build_config(overrides={"train.sharding": "fsdp"}), 2)
     items = list(range(6))

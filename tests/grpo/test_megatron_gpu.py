@@ -92,7 +92,7 @@ def _hf_model(config, dtype, seed):
 
 @pytest.fixture(scope="module", autouse=True)
 def _parallel_state():
-    mb.init_single_gpu_parallel(seed=0)
+    mb.init_parallel(seed=0)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))

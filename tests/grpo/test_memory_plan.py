@@ -119,6 +119,13 @@ def test_reference_model_and_megatron_bytes():
     assert "reference model" not in mp.estimate(config(), llama(), device="cuda").parts
     megatron = mp.estimate(config(), llama(), device="cuda", trainer="megatron")
     assert megatron.parts["trainer weights"] == 6 * n  # BF16 weights + FP32 main copy
+    # its distributed optimizer on 4 ranks: a quarter of the FP32 main copy and of the moments each;
+    # the BF16 weights and the FP32 gradient buffer stay whole (ZeRO-1)
+    zero1 = config(**{"megatron.use_distributed_optimizer": True})
+    four = mp.estimate(zero1, llama(), device="cuda", trainer="megatron", world_size=4)
+    assert four.parts["trainer weights"] == 2 * n + 4 * n // 4 and four.parts["AdamW states"] == 8 * n // 4
+    assert four.parts["gradients"] == 4 * n
+    assert mp.estimate(zero1, llama(), device="cuda", trainer="megatron").parts["trainer weights"] == 6 * n
 
 
 # ------------------------------------------------------------------- KV cache, decode rows
@@ -432,9 +439,10 @@ def test_a_discrete_gpu_refuses_what_its_training_state_alone_exceeds(monkeypatc
     text = mp.refusal(two, mp.estimate(two, mp.read_model_config(two), device="cuda", world_size=2), 2**30,
                       "test", "cuda:0", world_size=2)  # fmt: skip
     assert "over more than 2 GPUs" in text and "--set train.sharding=fsdp" not in text
-    # the Megatron backend is not sharded by train.sharding: no such advice for it
+    # the Megatron backend is not sharded by train.sharding: its own distributed optimizer is the advice
     megatron = mp.estimate(cfg, mp.read_model_config(cfg), device="cuda", trainer="megatron")
-    assert "train.sharding" not in mp.refusal(cfg, megatron, 2**30, "test", "cuda:0")
+    text = mp.refusal(cfg, megatron, 2**30, "test", "cuda:0")
+    assert "train.sharding" not in text and "--set megatron.use_distributed_optimizer=true" in text
     # data parallel on four ranks holds it all on each: refused, with the sharding advice
     with pytest.raises(mp.MemoryPlanError, match=r"train\.sharding=fsdp"):
         mp.check(cfg, world_size=4, prompt_tokens=100)

@@ -406,11 +406,15 @@ def check_launch(config, world_size: int) -> None:
             f"rollout.prompts_per_step={prompts} does not divide over {world_size} ranks; use a multiple of "
             f"{world_size} (each rank generates and scores whole groups of its share of the prompts)"
         )
-    if config.backends.trainer == "megatron" or config.backends.rollout == "sglang":
+    if config.backends.rollout == "sglang":
         raise LaunchError(
-            f"{world_size} ranks: data parallelism is implemented for the PyTorch engine and backend only "
-            "(Megatron-core data/tensor parallelism and SGLang tensor parallelism are not wired in yet); "
-            "use --rollout torch --trainer torch"
+            f"{world_size} ranks: each rank rolls out with its own PyTorch engine (SGLang under torchrun, "
+            "and its tensor parallelism, are not wired in yet); use --rollout torch"
+        )
+    if config.backends.trainer == "megatron" and config.train.sharding != "none":
+        raise LaunchError(
+            "train.sharding=fsdp shards the PyTorch backend; Megatron-core shards its optimizer state over "
+            "the ranks with --set megatron.use_distributed_optimizer=true (and train.sharding=none)"
         )
 
 

@@ -22,7 +22,7 @@ data's longest prompt + ``max_new_tokens``): activations and caches are upper bo
 The budget is what is free (:func:`available`) or ``train.memory_budget_gib`` (0: no check). Over
 :data:`SAFETY_MARGIN` of it a run is refused on host memory (a CPU, a GB10) and warned about on a
 discrete GPU, where CUDA's out-of-memory error ends a run cleanly; there too it is refused when the
-tensors of known size alone (:data:`EXACT_PARTS`: weights, gradients, AdamW states) exceed the
+tensors of known size alone (:data:`EXACT_PARTS`, and the gradients) exceed the
 budget, which no estimate's slack can save (a 7B model's training state on one 80 GB GPU).
 """
 
@@ -56,7 +56,7 @@ COMPILED_HEAD_CHUNK = 49152
 #: The plan's parts that are tensors of a known size, not estimates: weights, gradients and moments
 #: (held together in a training step), the reference and the engine's copy.
 EXACT_PARTS = (
-    "trainer weights", "AdamW states", "gradients", "reference model", "rollout weights",
+    "trainer weights", "AdamW states", "reference model", "rollout weights",
     "NVFP4 sync codes", "NVFP4 engine codes",
 )  # fmt: skip
 
@@ -130,9 +130,9 @@ def parameter_count(s: Shapes) -> int:
 
 
 # ------------------------------------------------------------------------- the parts (bytes)
-def trainer_weight_bytes(params: int, trainer: str = "torch") -> int:
-    """torch: FP32 master weights, ``4 N``; megatron: BF16 weights + the optimizer's FP32 main copy, ``6 N``."""
-    return (6 if trainer == "megatron" else 4) * params
+def trainer_weight_bytes(params: int, trainer: str = "torch", zero1: int = 1) -> int:
+    """torch: FP32 master weights, ``4 N``; megatron: BF16 weights + FP32 main weights over zero1 ranks."""
+    return 2 * params + 4 * params // zero1 if trainer == "megatron" else 4 * params
 
 
 def gradient_bytes(params: int) -> int:
@@ -391,9 +391,10 @@ def estimate(
     gathered = (
         (2 if bf16_gathers else 4) * (2 * outer + 3 * (n - outer) // max(1, s.layers)) if shards > 1 else 0
     )
+    zero1 = world_size if trainer == "megatron" and config.megatron.use_distributed_optimizer else 1  # ZeRO-1
     resident = {
-        "trainer weights": trainer_weight_bytes(n, trainer) // shards,
-        "AdamW states": adamw_bytes(n) // shards,
+        "trainer weights": trainer_weight_bytes(n, trainer, zero1) // shards,
+        "AdamW states": adamw_bytes(n) // shards // zero1,
         "FSDP gathered weights": gathered,
         "reference model": reference_bytes(n, trainer) // shards if with_reference else 0,
         "rollout weights": rollout_weight_bytes(n, engine_bytes),
@@ -456,7 +457,10 @@ def refusal(
     if not config.model.gradient_checkpointing:
         fixes += ", or set model.gradient_checkpointing=true"
     state = sum(plan.parts.get(k, 0) for k in ("trainer weights", "AdamW states", "gradients"))
-    if state * 2 >= plan.total and plan.trainer == "torch":  # mostly training state, and FSDP can shard it
+    mostly_state = state * 2 >= plan.total
+    if mostly_state and plan.trainer == "megatron" and not config.megatron.use_distributed_optimizer:
+        fixes += "; or shard the optimizer state over N GPUs: torchrun ... --set megatron.use_distributed_optimizer=true"
+    if mostly_state and plan.trainer == "torch":  # mostly training state, and FSDP can shard it
         if "FSDP gathered weights" in plan.parts:
             fixes += f"; or shard the training state ({gib(state)} per rank) over more than {world_size} GPUs"
         else:

@@ -155,8 +155,8 @@ class GRPOTrainer:
             self.logger = RunLogger.open(self.run_dir, cfg)
         else:
             self.logger = NullLogger()
-        if self.dist.enabled:  # every rank sums its gradients with the others before clipping
-            self.backend.grad_sync = self.dist.all_reduce_gradients
+        if self.dist.enabled and hasattr(self.backend, "grad_sync"):  # Megatron's DDP reduces its own
+            self.backend.grad_sync = self.dist.all_reduce_gradients  # sum the ranks' gradients, then clip
         self._sync_weights()  # the engine starts from exactly the trainer's weights
         self._boundary = self._snapshot()
 

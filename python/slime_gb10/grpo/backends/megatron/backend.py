@@ -5,6 +5,7 @@ registry's entry point), on the model, optimizer, precision recipes and logprobs
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Sequence
 
@@ -25,7 +26,7 @@ from slime_gb10.grpo.backends.megatron.model import (
     availability,
     build_gpt_model,
     build_optimizer,
-    init_single_gpu_parallel,
+    init_parallel,
     load_hf_weights,
     megatron_state,
     te_recipe,
@@ -67,7 +68,8 @@ class MegatronPolicyBackend(PolicyBackend):
                 "CUDA); on a CPU use trainer: torch"
             )
         torch.cuda.set_device(self.device)
-        init_single_gpu_parallel(seed)
+        self.data_parallel_size = init_parallel(seed)
+        self.use_distributed_optimizer = use_distributed_optimizer
         self.tokenizer = tokenizer
         self.hf_config = hf_model.config
         self.temperature = logprob_temperature(temperature)
@@ -168,14 +170,14 @@ class MegatronPolicyBackend(PolicyBackend):
             forward=lambda batch: self._logprobs(self.ddp_model, batch, True),
             loss_fn=loss_fn,
             discard_gradients=self.ddp_model.zero_grad_buffer,
+            # data parallel: every rank reaches the reduction below, and all decide together
+            raise_nonfinite=self.data_parallel_size == 1,
         )
-        self.ddp_model.finish_grad_sync()
-        grads_finite = torch.stack(
-            [p.main_grad.isfinite().all() for p in self.model.parameters() if p.requires_grad]
-        ).all()
-        if not bool(grads_finite):
+        self.ddp_model.finish_grad_sync()  # the one gradient reduction of the step, on every rank
+        if not self._all_finite(math.isfinite(total_loss)):
             self.ddp_model.zero_grad_buffer()
-            raise NonFiniteError("the gradient has NaN/Inf entries; the optimizer step was skipped")
+            what = "gradient has" if math.isfinite(total_loss) else f"loss is {total_loss}: it has"
+            raise NonFiniteError(f"the {what} NaN/Inf entries (on some rank); the optimizer step was skipped")
         lr = self._apply_optimizer_settings()
         update_ok, grad_norm, _ = self.optimizer.step()
         if not update_ok:
@@ -183,6 +185,25 @@ class MegatronPolicyBackend(PolicyBackend):
         self.steps_done += 1
         metrics["lr"] = lr
         return TrainStepResult(loss=total_loss, grad_norm=float(grad_norm or 0.0), metrics=metrics)
+
+    def _all_finite(self, loss_finite: bool) -> bool:
+        """Whether every rank's loss and gradients are finite, the same answer on every rank: under
+        the distributed optimizer a rank holds reduced gradients only for its own shard, so a NaN
+        may show on one rank alone, and ranks that decided apart would meet in different collectives."""
+        finite = (
+            torch.stack(
+                [p.main_grad.isfinite().all() for p in self.model.parameters() if p.requires_grad]
+            ).all()
+            & loss_finite
+        )
+        if self.data_parallel_size > 1:
+            from megatron.core import parallel_state
+
+            finite = finite.to(torch.int32)
+            torch.distributed.all_reduce(
+                finite, op=torch.distributed.ReduceOp.MIN, group=parallel_state.get_data_parallel_group()
+            )
+        return bool(finite)
 
     # ---------------------------------------------------------------- weights / checkpoints
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
@@ -198,13 +219,30 @@ class MegatronPolicyBackend(PolicyBackend):
         named = hf_named_tensors_fn(lambda: megatron_state(self.model), self.arch, self.flavor)
         return WeightStream(named, bucket_bytes=bucket_bytes, transfer_dtype=self.transfer_dtype)
 
+    @property
+    def collective_state(self) -> bool:
+        """``state_dict`` and ``load_state_dict`` are collectives (every rank calls them; rank 0
+        alone writes what ``state_dict`` returns there): the distributed optimizer's shards."""
+        return self.use_distributed_optimizer
+
     def state_dict(self) -> dict:
-        return {
+        """Weights, optimizer and schedule. The distributed optimizer's ``state_dict`` holds no
+        parameter state (Megatron saves it apart): its master weights and Adam moments come
+        gathered in Megatron's "dp_zero" layout, whole on rank 0 (None elsewhere), which
+        :meth:`load_state_dict` scatters over any number of ranks."""
+        state = {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "steps_done": self.steps_done,
             "flavor": self.flavor,
         }
+        if self.use_distributed_optimizer:
+            state["optimizer_parameter_state"] = [o.get_parameter_state_dp_zero() for o in self._optimizers()]
+        return state
+
+    def _optimizers(self) -> list:
+        """The optimizers inside Megatron's ``ChainedOptimizer`` (one here: a dense model)."""
+        return list(getattr(self.optimizer, "chained_optimizers", [self.optimizer]))
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("flavor", self.flavor) != self.flavor:
@@ -212,8 +250,17 @@ class MegatronPolicyBackend(PolicyBackend):
                 f"checkpoint was written with the {state['flavor']!r} layer spec, this run uses {self.flavor!r}; "
                 "set megatron.transformer_impl to match"
             )
+        sharded = "optimizer_parameter_state" in state
+        if sharded != self.use_distributed_optimizer:
+            raise RuntimeError(
+                f"checkpoint was written with megatron.use_distributed_optimizer={str(sharded).lower()}, "
+                f"this run has {str(self.use_distributed_optimizer).lower()}; set it to match"
+            )
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if sharded:  # after load_state_dict, which allocates the shards this fills (Megatron's order)
+            for optimizer, part in zip(self._optimizers(), state["optimizer_parameter_state"], strict=True):
+                _load_dp_zero(optimizer, part)
         self.steps_done = int(state.get("steps_done", 0))
 
     def save_pretrained(self, directory: str, dtype: torch.dtype | None = None) -> None:
@@ -234,6 +281,26 @@ class MegatronPolicyBackend(PolicyBackend):
 
     def _to_device(self, batch: TokenBatch) -> TokenBatch:
         return batch_to_device(batch, self.device)
+
+
+def _load_dp_zero(optimizer, part: dict) -> None:
+    """``DistributedOptimizer.load_parameter_state_from_dp_zero`` with PyTorch's Adam inside (the
+    fallback without TransformerEngine or Apex), working around two defects of megatron-core 0.16:
+
+    * it saves a parameter's master weight and two moments in this format but loads every key of
+      its ``torch.optim`` state, which for PyTorch's Adam also holds ``step``: a KeyError. The step
+      is not lost (Megatron keeps it in the param groups and ``load_state_dict`` put it back), so
+      it steps aside while the shards load;
+    * that ``load_state_dict`` gives every parameter the same ``step`` tensor, which PyTorch's Adam
+      increments in place once per parameter: after one more step the bias correction of every
+      parameter counted N steps (measured: a resumed run's weights differed from the run's own).
+      Each parameter gets its own copy."""
+    steps = [(state, state.pop("step")) for state in optimizer.optimizer.state.values() if "step" in state]
+    try:
+        optimizer.load_parameter_state_from_dp_zero(part)
+    finally:
+        for state, step in steps:
+            state["step"] = step.detach().clone()
 
 
 def build_backend(config, tokenizer, device) -> MegatronPolicyBackend:

@@ -1,7 +1,7 @@
 """The production policy backend's model: Megatron-core ``GPTModel`` (+ TransformerEngine when it
 imports), its optimizer, precision recipes and logprobs; :mod:`.backend` is the backend around them.
 
-What slime trains with, on one GPU:
+What slime trains with, on one GPU or data-parallel under torchrun:
 
 * the model is a Megatron-core ``GPTModel`` built from the Hugging Face config (Llama / Qwen2 /
   SmolLM2 family, see :mod:`.mapping`), with the TransformerEngine layer spec when
@@ -9,8 +9,9 @@ What slime trains with, on one GPU:
 * weights come in from the HF checkpoint and go out (to the rollout engine, to
   ``save_pretrained``) through the bit-exact HF ↔ Megatron mapping;
 * parameters are BF16; Megatron's ``DistributedDataParallel`` accumulates FP32 main grads and
-  its mixed-precision optimizer keeps FP32 master weights and Adam states (the distributed
-  optimizer is off by default: one GPU has nothing to shard across);
+  its mixed-precision optimizer keeps FP32 master weights and Adam states; under torchrun the
+  DDP sums the gradients over the ranks, and ``megatron.use_distributed_optimizer`` shards the
+  master weights and Adam states over them (ZeRO-1: 12 of the 16 bytes a parameter costs);
 * logprobs use the same chunked-vocabulary path as the PyTorch backend
   (:func:`slime_gb10.grpo.logprobs.chunked_logprobs_entropy`) on the decoder's final hidden states,
   so the ``[tokens, vocab]`` logits never exist;
@@ -28,6 +29,7 @@ import contextlib
 import importlib.util
 import logging
 import math
+import os
 import socket
 from typing import Any
 
@@ -141,6 +143,11 @@ def transformer_config(
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
+        # Data parallel: Megatron's DDP sums the ranks' gradients instead of averaging them (its
+        # 1/dp scaling is off with this flag, the only other thing it changes is Megatron's own
+        # loss helpers, unused here): each rank's loss is already divided by the token count of
+        # the whole global batch (grpo/batching.py), as under the PyTorch backend's all-reduce.
+        calculate_per_token_loss=True,
         **recompute,
     )
 
@@ -198,26 +205,30 @@ def build_gpt_model(
     return model, arch, flavor
 
 
-def init_single_gpu_parallel(seed: int = 0) -> None:
-    """``torch.distributed`` with world size 1 and Megatron's model-parallel groups of size 1."""
+def init_parallel(seed: int = 0) -> int:
+    """Megatron's parallel groups over every rank of ``torch.distributed`` (a one-member group of
+    its own when no launcher formed one): tensor and pipeline parallel size 1, so the data-parallel
+    group is the whole world (torchrun: ``grpo/distributed.py`` formed it). Returns its size."""
     import torch.distributed as dist
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     if not dist.is_initialized():
-        with socket.socket() as s:  # a free local port for the (single-member) rendezvous
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    if dist.get_world_size() != 1:
-        raise RuntimeError(
-            f"the Megatron backend runs on one GPU; torch.distributed has world size {dist.get_world_size()}"
-        )
+        if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
+            # torchrun with one rank (grpo/distributed.py forms no group for it): its rendezvous;
+            # a tcp:// address of our own would wait for torchrun's agent store and hang
+            dist.init_process_group(backend, rank=0, world_size=1)
+        else:
+            with socket.socket() as s:  # a free local port for the (single-member) rendezvous
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
     if torch.cuda.is_available():
-        model_parallel_cuda_manual_seed(seed)
+        model_parallel_cuda_manual_seed(seed)  # the same on every rank: the ranks hold the same model
+    return parallel_state.get_data_parallel_world_size()
 
 
 def load_hf_weights(
