@@ -6,49 +6,9 @@
 # directory; GPU0_BUSY=1: GPU 0 is taken (the GPU test suite runs there) until /tmp/res/suite.rc
 # exists; JOB_EXTRA: more flags for every launch (e.g. --set train.compile=false). Writes /tmp/sharded/{jobs.tsv,logs/,runs/}; then: python benchmarks/sharded/table.py /tmp/sharded
 set -u
-W=/tmp/sharded
-mkdir -p $W/logs $W/runs $W/models
+. "$(dirname "$0")/lib.sh"
 rm -rf "${W:?}"/runs/* "${W:?}"/logs/* $W/progress  # a second run starts clean (the models stay)
 : > $W/jobs.tsv
-PY=python3
-
-$PY - <<PYEOF || exit 1
-from pathlib import Path
-from slime_gb10.bench.decode import DECODE_SHAPES
-from slime_gb10.bench.grpo import write_shape_model
-for name in ("C", "7b"):
-    target = Path("$W/models") / name
-    if not target.exists():
-        write_shape_model(DECODE_SHAPES[name], target, "$TOKENIZER", seed=0)
-        print("wrote", target, flush=True)
-PYEOF
-
-# the fixed work of each shape: the global batch is the same on every GPU count (strong scaling)
-shape_args() {
-  case $1 in
-    C) echo "--prompts-per-step 16 --group-size 8 --max-new-tokens 256 --set train.micro_batch_size=16" ;;
-    # 7B: micro-batches of 4 with activation checkpointing, so that 2 GPUs hold it (the memory plan)
-    7b) echo "--prompts-per-step 8 --group-size 8 --max-new-tokens 256 --set train.micro_batch_size=4 \
---set model.gradient_checkpointing=true --set output.save_final_model=false" ;;
-  esac
-}
-
-# job NAME GPUS SHAPE SHARDING [extra args]: one torchrun launch, its exit status in jobs.tsv
-job() {
-  local name=$1 gpus=$2 shape=$3 sharding=$4; shift 4
-  local n; n=$(($(tr -cd , <<<"$gpus" | wc -c) + 1))
-  local limit=300; [ "$shape" = 7b ] && limit=540
-  echo "$(date -u +%H:%M:%S) start $name on GPUs $gpus" >> $W/progress
-  # shellcheck disable=SC2046
-  CUDA_VISIBLE_DEVICES=$gpus timeout $limit torchrun --standalone --nproc-per-node "$n" -m slime_gb10 train \
-    --model $W/models/$shape --rollout torch --trainer torch --steps 4 --lr 1e-6 --output $W/runs/$name \
-    $(shape_args "$shape") --set train.sharding="$sharding" --set algo.skip_zero_variance_groups=false \
-    --set algo.mask_truncated=false --set eval.every=0 --set eval.at_end=false --set output.samples_per_step=0 \
-    --no-progress ${JOB_EXTRA:-} "$@" > $W/logs/$name.log 2>&1
-  local rc=$?
-  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$gpus" "$shape" "$sharding" "$n" "$rc" >> $W/jobs.tsv
-  echo "$(date -u +%H:%M:%S) done $name rc $rc" >> $W/progress
-}
 
 # the ceilings MFU is read against: this GPU's BF16 GEMM rate and copy bandwidth, measured now
 CUDA_VISIBLE_DEVICES=1 $PY -c "import json; from slime_gb10.bench.grpo import measure_ceilings; \

@@ -24,6 +24,8 @@ def error_line(name: str) -> str:
     return errors[0][:400] if errors else (lines[-1][:400] if lines else "no log")
 
 
+# benchmarks/sharded/lib.sh's modes, as the table names them on more than one GPU
+MODES = {"none": "DP", "fsdp": "FSDP", "megatron": "DP (DDP)", "megatron-zero1": "DP + distributed optimizer"}
 results = []
 for name, _gpus, shape, sharding, n, rc in jobs:
     rows = steps(name)
@@ -39,7 +41,9 @@ print(
 )
 print("|---|---|---|---|---|---|---|---|---|---|")
 for r in sorted(results, key=lambda r: (r["shape"], r["gpus"], r["sharding"])):
-    mode = "FSDP" if r["sharding"] == "fsdp" and r["gpus"] > 1 else ("DP" if r["gpus"] > 1 else "1 GPU")
+    mode = MODES[r["sharding"]] if r["gpus"] > 1 else "1 GPU"
+    if r["sharding"].startswith("megatron"):
+        mode = "Megatron " + ("1 GPU" if r["gpus"] == 1 else mode)
     if r["rc"] != 0 and r["steps"]:  # stopped part-way: its medians are of the steps it logged
         mode += f" (exit {r['rc']} after step {r['steps'] + 1})"
     if not r["steps"]:
@@ -47,8 +51,10 @@ for r in sorted(results, key=lambda r: (r["shape"], r["gpus"], r["sharding"])):
             f"| {r['shape']} | {mode} | {r['gpus']} | refused or failed (exit {r['rc']}): {error_line(r['name'])} |"
         )
         continue
-    trained = [b for b in results if b["shape"] == r["shape"] and b["steps"] and b["rc"] == 0] or [r]
-    base = min(trained, key=lambda b: (b["gpus"], b["sharding"] != "none"))
+    family = r["sharding"].startswith("megatron")  # Megatron rows scale against Megatron's own
+    trained = [b for b in results if b["shape"] == r["shape"] and b["steps"] and b["rc"] == 0
+               and b["sharding"].startswith("megatron") == family] or [r]  # fmt: skip
+    base = min(trained, key=lambda b: (b["gpus"], b["sharding"] not in ("none", "megatron")))
     eff = base["gpus"] * base["step_time_s"] / (r["gpus"] * r["step_time_s"])
     eff_train = base["gpus"] * base["train_time_s"] / (r["gpus"] * r["train_time_s"])
     scaling = (
