@@ -53,7 +53,8 @@ ctx = DistContext(rank=rank, world_size=world, local_rank=local, timeout_s=120)
 # adam_eps far above the gradients' float noise: the update stays linear in the gradient, so a
 # gradient that is averaged instead of summed over the ranks shows (test_distributed.py says why)
 cfg = build_config(overrides={"train.micro_batch_size": 1, "train.lr": 1e-2, "train.adam_eps": 1e-3,
-                              "algo.entropy_coef": 0.01, "megatron.use_distributed_optimizer": zero1})
+                              "algo.entropy_coef": 0.01, "megatron.use_distributed_optimizer": zero1,
+                              "megatron.transformer_impl": "local"})
 hf_config = LlamaConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                         intermediate_size=256, vocab_size=512, tie_word_embeddings=False,
                         max_position_embeddings=128, initializer_range=0.3)
@@ -61,8 +62,7 @@ hf_config = LlamaConfig(hidden_size=128, num_hidden_layers=2, num_attention_head
 def backend():
     torch.manual_seed(0)  # the same weights on every rank and in every run
     hf = LlamaForCausalLM(hf_config)
-    return MegatronPolicyBackend(hf, None, "cuda", train=cfg.train, transformer_impl="local",
-                                 use_distributed_optimizer=zero1)
+    return MegatronPolicyBackend(hf, None, "cuda", train=cfg.train, megatron=cfg.megatron)
 
 def samples(step):
     gen = torch.Generator().manual_seed(step)

@@ -469,7 +469,7 @@ class MegatronConfig(_Section):
     )
     use_distributed_optimizer: bool = Field(
         default=False,
-        description="Shard the optimizer state across data-parallel ranks (off: one GPU has nothing to shard).",
+        description="Under torchrun, shard the FP32 master weights and Adam moments over the ranks (ZeRO-1).",
     )
     recompute_granularity: Literal["none", "selective", "full"] = Field(
         default="none",

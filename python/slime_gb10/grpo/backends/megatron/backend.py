@@ -32,7 +32,7 @@ from slime_gb10.grpo.backends.megatron.model import (
     te_recipe,
     token_logprobs,
 )
-from slime_gb10.grpo.config import TrainConfig
+from slime_gb10.grpo.config import MegatronConfig, TrainConfig
 from slime_gb10.grpo.interfaces import PolicyBackend, TokenBatch, TrainStepResult
 
 log = logging.getLogger(__name__)
@@ -49,15 +49,14 @@ class MegatronPolicyBackend(PolicyBackend):
         device: torch.device | str,
         *,
         train: TrainConfig,
+        megatron: MegatronConfig | None = None,  # the megatron section's settings (its defaults if None)
         temperature: float = 1.0,
         transfer_dtype: torch.dtype = torch.bfloat16,
-        transformer_impl: str = "auto",
-        precision: str = "bf16",
-        use_distributed_optimizer: bool = False,
-        recompute_granularity: str = "none",
         with_reference: bool = False,
         seed: int = 0,
     ):
+        megatron = megatron or MegatronConfig()
+        precision, use_distributed_optimizer = megatron.precision, megatron.use_distributed_optimizer
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
@@ -85,10 +84,10 @@ class MegatronPolicyBackend(PolicyBackend):
         hf_state = {k: v.detach() for k, v in hf_model.state_dict().items()}
         self.model, self.arch, self.flavor = build_gpt_model(
             self.hf_config,
-            flavor=transformer_impl,
+            flavor=megatron.transformer_impl,
             params_dtype=torch.bfloat16,
             device=self.device,
-            recompute_granularity=recompute_granularity,
+            recompute_granularity=megatron.recompute_granularity,
         )
         load_hf_weights(self.model, hf_state, self.arch, self.flavor)
         self.reference = None
@@ -324,18 +323,14 @@ def build_backend(config, tokenizer, device) -> MegatronPolicyBackend:
         transfer_dtype = engine_dtype(config, device)
     except ImportError:
         transfer_dtype = torch.bfloat16
-    mcfg = config.megatron
     return MegatronPolicyBackend(
         hf_model,
         tokenizer,
         device,
         train=config.train,
+        megatron=config.megatron,
         temperature=config.rollout.temperature,
         transfer_dtype=transfer_dtype,
-        transformer_impl=mcfg.transformer_impl,
-        precision=mcfg.precision,
-        use_distributed_optimizer=mcfg.use_distributed_optimizer,
-        recompute_granularity=mcfg.recompute_granularity,
         with_reference=config.algo.beta > 0 or config.algo.ref_kl_metric,
         seed=config.train.seed,
     )
