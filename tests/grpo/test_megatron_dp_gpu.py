@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 
 import pytest
 import torch
@@ -143,7 +144,8 @@ ARGS = ["--rollout", "torch", "--trainer", "megatron", "--prompts-per-step", "4"
 def test_a_megatron_run_on_two_gpus_checkpoints_and_resumes(torchrun, tmp_path, tokenizer):
     """The whole loop under torchrun with Megatron's distributed optimizer: two steps with a
     checkpoint each (rank 0 writes the gathered optimizer shards), then the run resumed from step 1
-    to step 3; the final model is a Hugging Face directory."""
+    to step 3; the final model is a Hugging Face directory; the checkpoint of step 1 resumed on one
+    GPU (resharding 2 -> 1)."""
     from slime_gb10.grpo.checkpoint import load_checkpoint
     from slime_gb10.grpo.models import write_random_model
 
@@ -155,8 +157,15 @@ def test_a_megatron_run_on_two_gpus_checkpoints_and_resumes(torchrun, tmp_path, 
     assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [1, 2]
     policy, state = load_checkpoint(out / "checkpoints/step-000002")
     assert state["world_size"] == 2 and "optimizer_parameter_state" in policy
+    shutil.copytree(out, tmp_path / "alone")
     resumed = torchrun("-m", "slime_gb10", "train", "--resume", str(out / "checkpoints/step-000001"),
                        "--set", "train.steps=3", "--no-progress", ranks=2, timeout=500)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-5000:]
     assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]
     assert (out / "final_model/config.json").is_file()
+    # the 2-rank checkpoint of step 1 on one GPU: Megatron's "dp_zero" layout scatters over any count
+    alone = torchrun("-m", "slime_gb10", "train", "--resume", str(tmp_path / "alone/checkpoints/step-000001"),
+                     "--no-progress", ranks=1, timeout=500)  # fmt: skip
+    assert alone.returncode == 0, alone.stderr[-5000:]
+    assert "resuming a checkpoint of 2 rank(s) on 1" in alone.stderr
+    assert [r["step"] for r in read_jsonl(tmp_path / "alone/metrics.jsonl")] == [1, 2]

@@ -220,7 +220,9 @@ def load_checkpoint(path: str | Path) -> tuple[dict, dict]:
     states = [{"sharded_checkpoint": str(p)}] if sharded else []
     for name in ("trainer.pt",) if sharded else ("policy.pt", "trainer.pt"):
         try:
-            states.append(torch.load(p / name, map_location="cpu", weights_only=True))
+            # mmap: a rank reads only the pages it uses (every rank loads the checkpoint; under
+            # Megatron's distributed optimizer only rank 0 reads the gathered optimizer shards)
+            states.append(torch.load(p / name, map_location="cpu", weights_only=True, mmap=True))
         except Exception as exc:  # UnpicklingError, a broken zip, a truncated file, a missing file...
             first = first_line(exc)
             raise CheckpointError(

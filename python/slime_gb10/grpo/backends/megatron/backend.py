@@ -67,7 +67,7 @@ class MegatronPolicyBackend(PolicyBackend):
                 "CUDA); on a CPU use trainer: torch"
             )
         torch.cuda.set_device(self.device)
-        self.data_parallel_size = init_parallel(seed)
+        self.data_parallel_size = init_parallel(seed, train.dist_timeout_s)
         self.use_distributed_optimizer = use_distributed_optimizer
         self.tokenizer = tokenizer
         self.hf_config = hf_model.config
@@ -229,14 +229,20 @@ class MegatronPolicyBackend(PolicyBackend):
         parameter state (Megatron saves it apart): its master weights and Adam moments come
         gathered in Megatron's "dp_zero" layout, whole on rank 0 (None elsewhere), which
         :meth:`load_state_dict` scatters over any number of ranks."""
+        # Adam's state appears at the first update, on every rank at once: before it (a checkpoint
+        # after a step with no trainable sample anywhere) Megatron's distributed optimizer cannot
+        # describe itself, and there is nothing of it to save
+        started = not self.use_distributed_optimizer or any(o.optimizer.state for o in self._optimizers())
         state = {
             "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self.optimizer.state_dict() if started else None,
             "steps_done": self.steps_done,
             "flavor": self.flavor,
         }
-        if self.use_distributed_optimizer:
-            state["optimizer_parameter_state"] = [o.get_parameter_state_dp_zero() for o in self._optimizers()]
+        if self.use_distributed_optimizer:  # rank 0 holds all of it for a moment: 12 bytes a parameter
+            state["optimizer_parameter_state"] = (
+                [o.get_parameter_state_dp_zero() for o in self._optimizers()] if started else None
+            )
         return state
 
     def _optimizers(self) -> list:
@@ -256,6 +262,10 @@ class MegatronPolicyBackend(PolicyBackend):
                 f"this run has {str(self.use_distributed_optimizer).lower()}; set it to match"
             )
         self.model.load_state_dict(state["model"])
+        if state["optimizer"] is None:  # saved before the first update: a fresh optimizer is that state,
+            self.optimizer.reload_model_params()  # its FP32 main weights copied from the loaded ones
+            self.steps_done = int(state.get("steps_done", 0))
+            return
         self.optimizer.load_state_dict(state["optimizer"])
         if sharded:  # after load_state_dict, which allocates the shards this fills (Megatron's order)
             for optimizer, part in zip(self._optimizers(), state["optimizer_parameter_state"], strict=True):

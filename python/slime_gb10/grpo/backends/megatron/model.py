@@ -11,7 +11,8 @@ What slime trains with, on one GPU or data-parallel under torchrun:
 * parameters are BF16; Megatron's ``DistributedDataParallel`` accumulates FP32 main grads and
   its mixed-precision optimizer keeps FP32 master weights and Adam states; under torchrun the
   DDP sums the gradients over the ranks, and ``megatron.use_distributed_optimizer`` shards the
-  master weights and Adam states over them (ZeRO-1: 12 of the 16 bytes a parameter costs);
+  master weights and Adam states over them (ZeRO-1: 12 of the 18 bytes a parameter costs here:
+  BF16 weights 2, FP32 main weights 4, Adam 8, FP32 gradients 4);
 * logprobs use the same chunked-vocabulary path as the PyTorch backend
   (:func:`slime_gb10.grpo.logprobs.chunked_logprobs_entropy`) on the decoder's final hidden states,
   so the ``[tokens, vocab]`` logits never exist;
@@ -205,17 +206,18 @@ def build_gpt_model(
     return model, arch, flavor
 
 
-def init_parallel(seed: int = 0) -> int:
+def init_parallel(seed: int = 0, timeout_s: int = 1800) -> int:
     """Megatron's parallel groups over every rank of ``torch.distributed`` (a one-member group of
     its own when no launcher formed one): tensor and pipeline parallel size 1, so the data-parallel
-    group is the whole world (torchrun: ``grpo/distributed.py`` formed it). Returns its size."""
+    group is the whole world (torchrun: ``grpo/distributed.py`` formed it). Its groups' collectives
+    time out after ``timeout_s`` (``train.dist_timeout_s``). Returns the data-parallel size."""
     import torch.distributed as dist
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     if not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
+        if os.environ.get("TORCHELASTIC_RUN_ID"):
             # torchrun with one rank (grpo/distributed.py forms no group for it): its rendezvous;
             # a tcp:// address of our own would wait for torchrun's agent store and hang
             dist.init_process_group(backend, rank=0, world_size=1)
@@ -225,7 +227,11 @@ def init_parallel(seed: int = 0) -> int:
                 port = s.getsockname()[1]
             dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=1,
+            pipeline_model_parallel_size=1,
+            distributed_timeout_minutes=max(1, math.ceil(timeout_s / 60)),
+        )
     if torch.cuda.is_available():
         model_parallel_cuda_manual_seed(seed)  # the same on every rank: the ranks hold the same model
     return parallel_state.get_data_parallel_world_size()
