@@ -57,6 +57,16 @@ def fsdp_seconds_per_billion(world: int, busbw_gbps: float) -> float:
     return FSDP_BYTES_PER_PARAMETER * (world - 1) / world / busbw_gbps
 
 
+def megatron_seconds_per_billion(world: int, busbw_gbps: float, distributed_optimizer: bool) -> float:
+    """Seconds of collectives that one optimizer step of Megatron-core's data parallelism needs for a
+    1B-parameter model (grpo/backends/megatron: overlap off, gradients reduced in FP32): the FP32
+    gradient buffer all-reduced, 2 (n - 1) / n of 4 bytes through each rank's links; with the
+    distributed optimizer it is reduce-scattered and the BF16 weights all-gathered, (n - 1) / n of
+    4 + 2 bytes. Once per step, not per micro-batch as FSDP's."""
+    moved = (4 + 2) * (world - 1) / world if distributed_optimizer else 4 * 2 * (world - 1) / world
+    return moved / busbw_gbps
+
+
 def _active(device: dict) -> bool:
     return any("ACTIVE" in port["state"] for port in device["ports"])
 
@@ -97,6 +107,10 @@ def check_distributed(ctx: DoctorContext) -> CheckResult:
         f"; a sharded micro-batch (train.sharding=fsdp) needs >= "
         f"{fsdp_seconds_per_billion(world, data['busbw_gbps']):.2f} s of transfers per billion parameters"
         " (BF16 gathers; 1.5x that with FP32 ones: NVFP4 QAT, model.precision=float32)"
+        f"; a Megatron data-parallel step (--trainer megatron) >= "
+        f"{megatron_seconds_per_billion(world, data['busbw_gbps'], False):.2f} s per billion (its FP32 gradient "
+        f"all-reduce; {megatron_seconds_per_billion(world, data['busbw_gbps'], True):.2f} s with "
+        "megatron.use_distributed_optimizer: an FP32 reduce-scatter and a BF16 all-gather)"
     )
     multi_node = world > int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     sockets = multi_node and data["backend"] == "nccl" and not any(_active(d) for d in devices)
