@@ -20,6 +20,7 @@ import random
 import re
 import shutil
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -221,8 +222,11 @@ def load_checkpoint(path: str | Path) -> tuple[dict, dict]:
     for name in ("trainer.pt",) if sharded else ("policy.pt", "trainer.pt"):
         try:
             # mmap: a rank reads only the pages it uses (every rank loads the checkpoint; under
-            # Megatron's distributed optimizer only rank 0 reads the gathered optimizer shards)
-            states.append(torch.load(p / name, map_location="cpu", weights_only=True, mmap=True))
+            # Megatron's distributed optimizer only rank 0 reads the gathered optimizer shards). A
+            # file that is no zip archive (damaged) loads without it, to fail with torch's own words
+            # about the file, not mmap's advice on how to save one
+            mmap = zipfile.is_zipfile(p / name)
+            states.append(torch.load(p / name, map_location="cpu", weights_only=True, mmap=mmap))
         except Exception as exc:  # UnpicklingError, a broken zip, a truncated file, a missing file...
             first = first_line(exc)
             raise CheckpointError(

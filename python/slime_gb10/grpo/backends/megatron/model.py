@@ -230,7 +230,7 @@ def init_parallel(seed: int = 0, timeout_s: int = 1800) -> int:
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=1,
             pipeline_model_parallel_size=1,
-            distributed_timeout_minutes=max(1, math.ceil(timeout_s / 60)),
+            distributed_timeout_minutes=timeout_s / 60,  # megatron makes timedelta(minutes=...) of it
         )
     if torch.cuda.is_available():
         model_parallel_cuda_manual_seed(seed)  # the same on every rank: the ranks hold the same model

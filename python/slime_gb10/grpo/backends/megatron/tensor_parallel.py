@@ -8,7 +8,9 @@ What each rank holds (megatron-core 0.16, ``tensor_parallel/layers.py`` and the 
   rank*: rank ``r`` holds ``[gate_r; up_r]`` (its SwiGLU chunks its own output in two), so the
   full tensor is not the concatenation of the shards. The fused ``linear_qkv`` keeps whole query
   groups together (``[ng, (nq/ng + 2) hd, H]``), so a contiguous block of its rows is rank ``r``'s
-  ``ng/tp`` groups with their query, key and value heads;
+  ``ng/tp`` groups with their query, key and value heads. This module asks for whole groups on
+  every rank (``ng`` divisible by ``tp``); megatron-core also runs a ``tp`` that is a multiple of
+  ``ng`` (each rank all-gathers the QKV output and takes its group): not supported here;
 * row-parallel linears split their input columns: ``linear_proj`` (the attention heads of the
   rank's groups, in head order) and ``linear_fc2`` (the rank's ``F/tp`` MLP channels);
 * the vocabulary-parallel embedding (and a tied output layer with it) splits the vocabulary into
@@ -56,12 +58,12 @@ def check_tensor_parallel(arch: DecoderArch, tp: int, world_size: int | None = N
     }
     bad = [f"{name}={value}" for name, value in parts.items() if value % tp]
     if bad:
-        fits = [n for n in range(1, max(parts.values()) + 1) if all(v % n == 0 for v in parts.values())]
-        fits = [n for n in fits if n <= 64]
+        fits = [n for n in range(1, 65) if all(v % n == 0 for v in parts.values())]
+        fits = [n for n in fits if world_size is None or world_size % n == 0]
         raise MappingError(
-            f"tensor parallel size {tp} does not divide {', '.join(bad)} (each rank holds whole key/value "
-            f"head groups, an equal share of the MLP channels and of the vocabulary); this model splits "
-            f"over {', '.join(map(str, fits))}"
+            f"tensor parallel size {tp} does not divide {', '.join(bad)} (here each rank holds whole "
+            f"key/value head groups, an equal share of the MLP channels and of the vocabulary); this "
+            f"model splits over {', '.join(map(str, fits))}"
         )
 
 
