@@ -15,10 +15,9 @@ import json
 import logging
 import os
 import tempfile
-import types
 from pathlib import Path
 
-from slime_gb10.utils.atomic import OutputPathError, atomic_directory
+from slime_gb10.utils.atomic import OutputPathError, atomic_directory, atomic_write_text
 from slime_gb10.utils.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -127,10 +126,44 @@ def _is_converted(directory: Path) -> bool:
     return (directory / "config.json").is_file() and any(directory.glob("*.safetensors"))
 
 
+def repair_special_tokens(directory: Path) -> bool:
+    """Give a converted cache's tokenizer files the bos/eos/pad tokens its ``config.json`` records,
+    where they differ (:func:`special_tokens_from_config` on the files: a cache that transformers
+    5.17 converted before :func:`convert_gguf` set them says eos ``<|im_start|>``). Once, on disk,
+    so that every reader of the directory (this package, SGLang, a user's AutoTokenizer) sees the
+    model's tokens. Reads JSON only; returns whether it rewrote ``tokenizer_config.json``."""
+    files = [directory / name for name in ("config.json", "tokenizer_config.json", "tokenizer.json")]
+    if not all(f.is_file() for f in files):
+        return False
+    try:
+        config, settings, tokenizer = (json.loads(f.read_text(encoding="utf-8")) for f in files)
+    except (OSError, ValueError):
+        return False  # not ours to mend: the loader says what is wrong with it
+    content = {t["id"]: t["content"] for t in tokenizer.get("added_tokens", [])}
+    content |= {i: text for text, i in ((tokenizer.get("model") or {}).get("vocab") or {}).items()
+                if isinstance(i, int) and i not in content}  # fmt: skip
+    changed = False
+    for kind in ("bos", "eos", "pad"):
+        token = content.get(config.get(f"{kind}_token_id"))
+        saved = settings.get(f"{kind}_token")
+        saved = saved.get("content") if isinstance(saved, dict) else saved
+        if token is not None and saved != token:
+            settings[f"{kind}_token"], changed = token, True
+    if changed:
+        try:
+            atomic_write_text(directory / "tokenizer_config.json", json.dumps(settings, indent=2) + "\n")
+        except OSError as exc:  # a read-only shared cache: the model still loads, with the saved tokens
+            log.warning("cannot set the special tokens of %s: %s", directory, exc.strerror or exc)
+            return False
+        log.info("set %s's bos/eos/pad tokens to those its config.json records", directory)
+    return changed
+
+
 def default_model_dir() -> Path:
     """HF directory of the embedded SmolLM2 (converted from the GGUF on first use)."""
     target = cache_root() / SMOLLM2_CACHE_NAME
     if _is_converted(target):
+        repair_special_tokens(target)
         return target
     return convert_gguf(find_smollm2_gguf(), target)
 
@@ -140,6 +173,7 @@ def default_tokenizer_dir() -> Path:
     conversion, or a tokenizer copied there without weights), else :func:`default_model_dir`."""
     target = cache_root() / SMOLLM2_CACHE_NAME
     if (target / "tokenizer_config.json").is_file() or (target / "tokenizer.json").is_file():
+        repair_special_tokens(target)
         return target
     return default_model_dir()
 
@@ -175,12 +209,6 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except OSError as exc:
         raise ModelLoadError(_hub_hint(path, exc)) from exc
-    config = Path(path) / "config.json"
-    if config.is_file() and Path(path).resolve().is_relative_to(cache_root().resolve()):
-        # our own GGUF conversion, perhaps by a transformers that got its special tokens wrong
-        # (convert_gguf now sets them; a cache converted before keeps its files)
-        ids = {k: v for k, v in json.loads(config.read_text()).items() if k.endswith("_token_id")}
-        special_tokens_from_config(tokenizer, types.SimpleNamespace(**ids))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
