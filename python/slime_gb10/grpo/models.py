@@ -126,6 +126,9 @@ def _is_converted(directory: Path) -> bool:
     return (directory / "config.json").is_file() and any(directory.glob("*.safetensors"))
 
 
+_checked_tokens: dict[Path, tuple[int, ...]] = {}  # repair_special_tokens: directory -> its files' mtimes
+
+
 def repair_special_tokens(directory: Path) -> bool:
     """Give a converted cache's tokenizer files the bos/eos/pad tokens its ``config.json`` records,
     where they differ (:func:`special_tokens_from_config` on the files: a cache that transformers
@@ -134,6 +137,9 @@ def repair_special_tokens(directory: Path) -> bool:
     model's tokens. Reads JSON only; returns whether it rewrote ``tokenizer_config.json``."""
     files = [directory / name for name in ("config.json", "tokenizer_config.json", "tokenizer.json")]
     if not all(f.is_file() for f in files):
+        return False
+    stamp = tuple(f.stat().st_mtime_ns for f in files)
+    if _checked_tokens.get(directory) == stamp:  # checked in this process, unchanged since (0.1 s each)
         return False
     try:
         config, settings, tokenizer = (json.loads(f.read_text(encoding="utf-8")) for f in files)
@@ -156,6 +162,7 @@ def repair_special_tokens(directory: Path) -> bool:
             log.warning("cannot set the special tokens of %s: %s", directory, exc.strerror or exc)
             return False
         log.info("set %s's bos/eos/pad tokens to those its config.json records", directory)
+    _checked_tokens[directory] = tuple(f.stat().st_mtime_ns for f in files)
     return changed
 
 
