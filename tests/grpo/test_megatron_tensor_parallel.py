@@ -139,3 +139,34 @@ def test_layouts_that_cannot_be_split_are_refused_with_the_sizes_that_can():
         tp_map.check_tensor_parallel(smollm2, 3, world_size=4)
     with pytest.raises(MappingError, match=r"rank 3 is not in 0\.\.2"):
         next(tp_map.iter_hf_to_megatron_shard({}, smollm2, "local", 3, 3))
+
+
+@pytest.mark.parametrize("config", [llama, qwen2], ids=["llama", "qwen2"])
+def test_the_shards_are_what_megatron_cores_own_split_gives_each_rank(config):
+    """megatron-core 0.16 builds each rank's part of a parallel layer on a CPU by splitting the whole
+    weight (``tensor_parallel.layers._initialize_affine_weight_cpu``, private, as its layers call it:
+    output rows for column-parallel layers and the vocabulary, input columns for row-parallel ones,
+    ``stride=2`` for the SwiGLU ``linear_fc1``, mlp.py): our shard of every weight is that part."""
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed (slime-gb10[megatron])")
+    from megatron.core.tensor_parallel.layers import _initialize_affine_weight_cpu
+
+    model = model_of(config())
+    arch = DecoderArch.from_hf_config(model.config)
+    full = hf_to_megatron(hf_state(model), arch, "local")
+    tp, checked = 2, set()
+    for name, tensor in full.items():
+        kind = tp_map.split_kind(name)
+        if kind == tp_map.WHOLE or tensor.ndim != 2:  # norms; QKV's bias is checked by the layer test
+            continue
+        dim = 1 if kind == tp_map.ROW else 0
+        for rank in range(tp):
+            ours = tp_map.shard(name, tensor, tp, rank)
+            theirs = torch.empty_like(ours)
+            _initialize_affine_weight_cpu(
+                theirs, tensor.shape[0], tensor.shape[1], ours.shape[dim], dim,
+                lambda w, t=tensor: w.copy_(t), stride=2 if kind == tp_map.GLU else 1,
+                params_dtype=tensor.dtype, rank=rank, world_size=tp, skip_set_tensor_parallel_attributes=True,
+            )  # fmt: skip
+            assert torch.equal(ours, theirs), (name, rank)
+        checked.add(kind)
+    assert checked == {tp_map.COLUMN, tp_map.GLU, tp_map.ROW, tp_map.VOCAB}
