@@ -17,6 +17,7 @@ from slime_gb10.cli import main
 from slime_gb10.grpo import memory_plan as mp
 from slime_gb10.grpo.config import ConfigError, build_config
 from slime_gb10.grpo.models import write_random_model
+from slime_gb10.grpo.prompts import longest_prompt
 from slime_gb10.grpo.rundir import run_outputs
 from slime_gb10.platform import host_memory
 
@@ -346,7 +347,7 @@ def test_estimate_against_a_real_run_on_cuda(tmp_path, tokenizer, compiled):
     trainer = GRPOTrainer(cfg)
     try:
         trainer.setup()  # runs the check on this GPU's free memory
-        prompts = mp.longest_prompt(trainer.prompts, trainer._train_source, trainer.eval_examples)
+        prompts = longest_prompt(trainer.prompts, trainer._train_source, trainer.eval_examples)
         plan = mp.estimate(
             cfg, transformers.AutoConfig.from_pretrained(model), device="cuda", prompt_tokens=prompts
         )

@@ -326,7 +326,8 @@ def estimate(
     """The peak memory of one rank of the run ``config`` (a :class:`~slime_gb10.grpo.config.GRPOConfig`)
     of the model ``model_config`` (its ``transformers`` config) on ``device`` with the engine
     ``rollout`` and the backend ``trainer`` (resolved names, not ``auto``). ``prompt_tokens``: the
-    longest prompt of the data (:func:`longest_prompt`); unset: ``rollout.max_prompt_tokens``."""
+    longest prompt of the data (:func:`~slime_gb10.grpo.prompts.longest_prompt`); unset:
+    ``rollout.max_prompt_tokens``."""
     s = model_config if isinstance(model_config, Shapes) else Shapes.from_hf(model_config)
     gpu = torch.device(device).type == "cuda"
     roll, train, algo = config.rollout, config.train, config.algo
@@ -555,32 +556,13 @@ def check(
     return plan
 
 
-def longest_prompt(prompts, train_source, eval_examples) -> int | None:
-    """Tokens of the longest prompt a run will decode (at most ``rollout.max_prompt_tokens``: longer
-    ones are left out): over the training examples when they are a list, else over the held-out
-    ones (a procedural task's questions are alike); None when there are none to look at.
-    ``prompts``: the run's :class:`~slime_gb10.grpo.prompts.PromptEncoder` (which caches the ids, so
-    the sampler's own pass over them costs nothing more)."""
-    from slime_gb10.grpo.prompts import PromptTooLongError
-
-    examples = list(eval_examples or [])
-    if isinstance(train_source, list):
-        examples = train_source + examples
-    longest = None
-    for example in examples:
-        try:
-            length = len(prompts.ids(example))
-        except PromptTooLongError:
-            return prompts.max_prompt_tokens
-        longest = length if longest is None else max(longest, length)
-    return longest
-
-
 def check_run(trainer) -> Plan | None:
     """:func:`check` for a :class:`~slime_gb10.grpo.trainer.GRPOTrainer` in its setup: its config,
     world size and the longest prompt of its data (loaded, tokenizer known, no weights yet). Under
     torchrun every rank checks before any rank loads weights (the gather waits for all), and all
     refuse if one does."""
+    from slime_gb10.grpo.prompts import longest_prompt
+
     source = getattr(trainer, "_train_source", None)
     longest = longest_prompt(trainer.prompts, source, getattr(trainer, "eval_examples", None))
     dist = trainer.dist

@@ -331,3 +331,22 @@ def run_sampler(
         source, batch_size=config.rollout.prompts_per_step, seed=config.train.seed, order=config.data.order
     )
     return sampler, prompts.drop_long(eval_examples, "eval")
+
+
+def longest_prompt(prompts, train_source, eval_examples) -> int | None:
+    """Tokens of the longest prompt a run will decode (at most ``rollout.max_prompt_tokens``: longer
+    ones are left out): over the training examples when they are a list, else over the held-out
+    ones (a procedural task's questions are alike); None when there are none to look at.
+    ``prompts``: the run's :class:`PromptEncoder` (which caches the ids, so the sampler's own pass
+    over them costs nothing more); the memory plan sizes its caches with it."""
+    examples = list(eval_examples or [])
+    if isinstance(train_source, list):
+        examples = train_source + examples
+    longest = None
+    for example in examples:
+        try:
+            length = len(prompts.ids(example))
+        except PromptTooLongError:
+            return prompts.max_prompt_tokens
+        longest = length if longest is None else max(longest, length)
+    return longest
