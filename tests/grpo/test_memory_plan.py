@@ -129,6 +129,28 @@ def test_reference_model_and_megatron_bytes():
     assert mp.estimate(zero1, llama(), device="cuda", trainer="megatron").parts["trainer weights"] == 6 * n
 
 
+def test_a_distributed_optimizers_checkpoint_gathers_onto_rank_0s_host_memory():
+    """Megatron's distributed optimizer saves by gathering its FP32 main weights and moments onto rank
+    0's host memory: 12 bytes a parameter whatever the world size, beside the 4-byte gradient buffer.
+    On host memory (a GB10) that is the memory planned, a phase of its own; on a discrete GPU it is
+    not the GPU's. The refusal points to FSDP, whose ranks each write their shards."""
+    model = llama(hidden_size=512, intermediate_size=2048, num_hidden_layers=4)  # 10M: the state dominates
+    n = mp.parameter_count(mp.Shapes.from_hf(model))
+    zero1 = config(**{"megatron.use_distributed_optimizer": True, "train.micro_batch_size": 1,
+                      "rollout.prompts_per_step": 4, "rollout.group_size": 2, "rollout.max_new_tokens": 8})  # fmt: skip
+    kw = {"device": "cuda", "trainer": "megatron", "world_size": 4}
+    host = mp.estimate(zero1, model, host_memory=True, **kw)
+    assert host.phase == "checkpoint save", host.describe()
+    assert host.parts["checkpoint gather (rank 0)"] == 12 * n and host.parts["gradients"] == 4 * n
+    resident = (2 * n + 4 * n // 4) + 8 * n // 4 + host.parts["rollout weights"]
+    assert host.exact == resident + 4 * n + 12 * n
+    text = mp.refusal(zero1, host, 2**20, "test", "cuda:0", world_size=4)
+    assert "--trainer torch --set train.sharding=fsdp" in text and "checkpoint save" in text
+    discrete = mp.estimate(zero1, model, **kw)
+    assert discrete.phase != "checkpoint save" and "checkpoint gather (rank 0)" not in discrete.parts
+    assert "checkpoint gather (rank 0)" not in mp.estimate(config(), model, host_memory=True, **kw).parts
+
+
 # ------------------------------------------------------------------- KV cache, decode rows
 def test_static_kv_cache_by_hand():
     # P=4 prompts x G=4 = 16 rows; cache of 256 + 32 = 288 slots rounded up to 320 (multiples of 64)

@@ -322,10 +322,12 @@ def estimate(
     trainer: str = "torch",
     world_size: int = 1,
     prompt_tokens: int | None = None,
+    host_memory: bool = False,
 ) -> Plan:
     """The peak memory of one rank of the run ``config`` (a :class:`~slime_gb10.grpo.config.GRPOConfig`)
     of the model ``model_config`` (its ``transformers`` config) on ``device`` with the engine
-    ``rollout`` and the backend ``trainer`` (resolved names, not ``auto``). ``prompt_tokens``: the
+    ``rollout`` and the backend ``trainer`` (resolved names, not ``auto``); ``host_memory``: the
+    device's memory is the host's (a GB10), which a checkpoint's host copies also take. ``prompt_tokens``: the
     longest prompt of the data (:func:`~slime_gb10.grpo.prompts.longest_prompt`); unset:
     ``rollout.max_prompt_tokens``."""
     s = model_config if isinstance(model_config, Shapes) else Shapes.from_hf(model_config)
@@ -419,11 +421,13 @@ def estimate(
         ),
     }
     rolling = {"prefill": prefill, "KV cache (decoding)": dynamic_kv}
-    phase, peak, other = (
-        ("training step", training, rolling)
-        if sum(training.values()) >= sum(rolling.values())
-        else ("rollout", rolling, training)
-    )
+    # megatron.use_distributed_optimizer: a checkpoint gathers the FP32 main weights and moments onto
+    # rank 0's host memory (12 N, whatever the world size) beside the gradient buffer; on a GB10 that
+    # memory is the GPU's
+    gather = {"gradients": gradient_bytes(n), "checkpoint gather (rank 0)": 12 * n}
+    saving = gather if zero1 > 1 and host_memory else {}
+    phases = [("training step", training), ("rollout", rolling), ("checkpoint save", saving)]
+    (phase, peak), (_, other) = sorted(phases, key=lambda p: -sum(p[1].values()))[:2]
     parts = {k: v for k, v in {**resident, **peak}.items() if v}
     decode = "SGLang" if rollout == "sglang" else ("static-cache" if static else "dynamic-cache")
     basis = (
@@ -436,7 +440,7 @@ def estimate(
     # released its weights then) or in a rollout, whichever holds more
     known = sum(v for k, v in resident.items() if k in EXACT_PARTS)
     released = resident["rollout weights"] if rollout == "sglang" and config.sglang.enable_memory_saver else 0
-    exact = max(known + training["gradients"] - released, known)
+    exact = max(known + training["gradients"] - released, known + sum(saving.values()))
     return Plan(
         parts=parts, params=n, phase=phase, basis=basis, other_phase=other, exact=exact, trainer=trainer
     )
@@ -458,6 +462,9 @@ def refusal(
     if not config.model.gradient_checkpointing:
         fixes += ", or set model.gradient_checkpointing=true"
     state = sum(plan.parts.get(k, 0) for k in ("trainer weights", "AdamW states", "gradients"))
+    if "checkpoint gather (rank 0)" in plan.parts:
+        fixes += ("; or train with --trainer torch --set train.sharding=fsdp, whose checkpoints every rank "
+                  "writes in shards (Megatron's distributed optimizer gathers 12 bytes a parameter to save)")  # fmt: skip
     mostly_state = state * 2 >= plan.total
     if mostly_state and plan.trainer == "megatron" and not config.megatron.use_distributed_optimizer:
         fixes += "; or shard the optimizer state over N GPUs: torchrun ... --set megatron.use_distributed_optimizer=true"
@@ -516,9 +523,10 @@ def check(
     model_config = read_model_config(config)
     if model_config is None:
         return None
+    host = uses_host_memory(device)
     try:
         plan = estimate(config, model_config, device=device, rollout=choice.rollout, trainer=choice.trainer,
-                        world_size=world_size, prompt_tokens=prompt_tokens)  # fmt: skip
+                        world_size=world_size, prompt_tokens=prompt_tokens, host_memory=host)  # fmt: skip
     except (AttributeError, TypeError, ValueError) as exc:  # a config without the usual sizes
         log.warning("memory plan: skipped, cannot estimate this model (%s: %s)", type(exc).__name__, exc)
         return None
@@ -530,7 +538,6 @@ def check(
     if budget is None:
         log.info("memory plan: about %s (%s); not checked: %s", gib(plan.total), plan.describe(), source)
         return plan
-    host = uses_host_memory(device)
     ranks = ranks_per_host if ranks_per_host > 1 and host else 1
     if plan.total * ranks > SAFETY_MARGIN * budget:
         message = refusal(config, plan, budget, source, where, ranks, world_size)
