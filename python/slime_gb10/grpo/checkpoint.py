@@ -317,12 +317,13 @@ def save(run, reason: str = "periodic", prune: bool = True) -> Path:
     else:
         path = checkpoint_path(run.run_dir, run.step)  # where rank 0 writes it
         # Megatron's distributed optimizer gathers its shards onto rank 0: every rank takes part
-        policy = run.backend.state_dict() if getattr(run.backend, "collective_state", False) else None
+        if run.dist.is_main or getattr(run.backend, "collective_state", False):
+            policy = run.backend.state_dict()
         if run.dist.is_main:
             path = save_checkpoint(
                 run.run_dir,
                 run.step,
-                policy if policy is not None else run.backend.state_dict(),
+                policy,
                 state,
                 keep=run.config.output.keep_checkpoints if prune else 1 << 30,
                 reason=reason,
