@@ -116,6 +116,16 @@ def chunk_gradient(
     return g.to(mm), (g.sum(dim=0) if with_bias else None)
 
 
+def _merge_running(m, s, q, chunk_m, chunk_s, chunk_q):
+    """The online logsumexp's running ``(q, s, m)`` after one more chunk's ``(chunk_m, chunk_s,
+    chunk_q)`` (the formulas of the module docstring)."""
+    new_m = torch.maximum(m, chunk_m)
+    old, new = torch.exp(m - new_m), torch.exp(chunk_m - new_m)
+    # sum exp(z - new_m)(z - new_m) = sum exp(z - c) (z - c + c - new_m) exp(c - new_m)
+    q = (q + s * (m - new_m)) * old + (chunk_q + chunk_s * (chunk_m - new_m)) * new
+    return q, s * old + chunk_s * new, new_m
+
+
 @functools.cache
 def _compiled(backend: str):
     """:func:`chunk_statistics` and :func:`chunk_gradient` through ``torch.compile`` (dynamic
@@ -147,15 +157,17 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
         with_entropy,
         mm,
         backend,
+        group,
     ):
         acc = _acc_dtype(mm)
         statistics = _compiled(backend)[0] if backend else chunk_statistics
         n = hidden.shape[0]
         vocab = weight.shape[0]
+        # a vocabulary-parallel head: this rank holds rows [offset, offset + vocab) of the whole one
+        offset = vocab * torch.distributed.get_rank(group) if group is not None else 0
         head = weight.to(mm)  # cast once, not once per block
-        logprobs = torch.empty(n, dtype=acc, device=hidden.device)
-        lse = torch.empty(n, dtype=acc, device=hidden.device)
-        entropy = torch.empty(n if with_entropy else 0, dtype=acc, device=hidden.device)
+        # per token: the running max, sum, entropy sum and target logit over this rank's vocabulary
+        stats = torch.empty(4, n, dtype=acc, device=hidden.device)
         for t0 in range(0, n, token_chunk_size):
             t1 = min(n, t0 + token_chunk_size)
             h, tgt = hidden[t0:t1], targets[t0:t1]
@@ -164,24 +176,28 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
                 v1 = min(vocab, v0 + chunk_size)
                 b = None if bias is None else bias[v0:v1]
                 chunk_m, chunk_s, chunk_q, chunk_target = statistics(
-                    h, head[v0:v1], b, tgt, v0, temperature, mm, acc
+                    h, head[v0:v1], b, tgt, offset + v0, temperature, mm, acc
                 )
                 if m is None:
                     m, s, q, target_logit = chunk_m, chunk_s, chunk_q, chunk_target
                     continue
                 target_logit = target_logit + chunk_target  # each target is in exactly one chunk
-                new_m = torch.maximum(m, chunk_m)
-                old, new = torch.exp(m - new_m), torch.exp(chunk_m - new_m)
-                # sum exp(z - new_m)(z - new_m) = sum exp(z - c) (z - c + c - new_m) exp(c - new_m)
-                q = (q + s * (m - new_m)) * old + (chunk_q + chunk_s * (chunk_m - new_m)) * new
-                s = s * old + chunk_s * new
-                m = new_m
-            log_s = torch.log(s)
-            lse[t0:t1] = m + log_s
-            logprobs[t0:t1] = target_logit - lse[t0:t1]
-            if with_entropy:
-                entropy[t0:t1] = log_s - q / s
+                q, s, m = _merge_running(m, s, q, chunk_m, chunk_s, chunk_q)
+            stats[:, t0:t1] = torch.stack([m, s, q, target_logit])
+        if group is not None:  # the ranks' vocabularies are chunks of one: merged the same way
+            ranks = [torch.empty_like(stats) for _ in range(torch.distributed.get_world_size(group))]
+            torch.distributed.all_gather(ranks, stats, group=group)
+            stats = ranks[0]
+            for other in ranks[1:]:
+                q, s, m = _merge_running(stats[0], stats[1], stats[2], other[0], other[1], other[2])
+                stats = torch.stack([m, s, q, stats[3] + other[3]])
+        m, s, q, target_logit = stats
+        log_s = torch.log(s)
+        lse = m + log_s
+        logprobs = target_logit - lse
+        entropy = log_s - q / s if with_entropy else lse.new_empty(0)
         ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
+        ctx.offset, ctx.group = offset, group
         ctx.temperature = temperature
         ctx.chunk_size = chunk_size
         ctx.token_chunk_size = token_chunk_size
@@ -206,7 +222,7 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
         if not ctx.with_entropy or (grad_entropy is not None and grad_entropy.numel() == 0):
             grad_entropy = None
         if grad_logprobs is None and grad_entropy is None:
-            return (None,) * 10
+            return (None,) * 11
         acc, mm = lse.dtype, ctx.mm
         gradient = _compiled(ctx.backend)[1] if ctx.backend else chunk_gradient
         n, vocab = hidden.shape[0], weight.shape[0]
@@ -238,7 +254,7 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
                     w,
                     b,
                     targets[t0:t1],
-                    v0,
+                    ctx.offset + v0,
                     lse[t0:t1],
                     entropy[t0:t1] if gent_all is not None else None,
                     None if glp_all is None else glp_all[t0:t1],
@@ -259,8 +275,12 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
             if need_bias:
                 grad_bias[v0:v1] = gb.to(bias.dtype)
         if need_hidden:
+            if ctx.group is not None:
+                # every rank holds the same hidden states and the gradient through its own vocabulary
+                # rows: the sum is theirs (Megatron's column-parallel LM head all-reduces it alike)
+                torch.distributed.all_reduce(grad_hidden, group=ctx.group)
             grad_hidden = grad_hidden.to(hidden.dtype)
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None, None, None
 
 
 def chunked_logprobs_entropy(
@@ -274,6 +294,7 @@ def chunked_logprobs_entropy(
     lm_head_bias: torch.Tensor | None = None,
     token_chunk_size: int = 4096,
     compile_backend: str | None = None,
+    vocab_parallel_group=None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``log softmax(hidden @ W.T / T)[target]`` and the entropy per row, without ``[N, V]`` logits.
 
@@ -286,6 +307,13 @@ def chunked_logprobs_entropy(
     ``4 * token_chunk_size * chunk_size`` floats (plus the gradients themselves), independent of ``V``.
     ``compile_backend`` (``"inductor"`` on a GPU): each block's arithmetic through ``torch.compile``
     (:func:`chunk_statistics`, :func:`chunk_gradient`); None: eager.
+    ``vocab_parallel_group`` (a ``torch.distributed`` group; Megatron-core's tensor-parallel one):
+    the LM head is split over its ranks by vocabulary, rank ``r`` holding rows ``[r V, (r + 1) V)``
+    of the whole head and every rank the same ``hidden`` and ``targets`` (ids of the whole
+    vocabulary). Each rank reduces its rows to the running statistics above, which merge over the
+    ranks as chunks do (one all-gather of ``4 N`` floats); the backward needs only the merged
+    logsumexp and entropy, and all-reduces the gradient of ``hidden``. Every rank gets the
+    logprobs and entropy of the whole vocabulary; the weight gradient is of its own rows.
     """
     if hidden.dim() != 2 or lm_head_weight.dim() != 2 or hidden.shape[1] != lm_head_weight.shape[1]:
         raise ValueError(
@@ -304,9 +332,10 @@ def chunked_logprobs_entropy(
         raise ValueError(f"lm_head_bias {tuple(lm_head_bias.shape)} must be [V] = [{vocab}]")
     mm = matmul_dtype(hidden, lm_head_weight)
     targets = targets.long()
-    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= vocab):
+    whole = vocab * (torch.distributed.get_world_size(vocab_parallel_group) if vocab_parallel_group else 1)
+    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= whole):
         raise ValueError(
-            f"targets must be token ids in [0, {vocab}); got min {int(targets.min())} max {int(targets.max())}"
+            f"targets must be token ids in [0, {whole}); got min {int(targets.min())} max {int(targets.max())}"
         )
     if hidden.shape[0] == 0:
         empty = hidden.new_zeros(0, dtype=_acc_dtype(mm)) + hidden.sum() * 0
@@ -322,6 +351,7 @@ def chunked_logprobs_entropy(
         with_entropy,
         mm,
         compile_backend,
+        vocab_parallel_group,
     )
     return logprobs, (entropy if with_entropy else None)
 

@@ -1,0 +1,75 @@
+"""The chunked logprobs with a vocabulary-parallel LM head (``vocab_parallel_group``: Megatron-core
+tensor parallelism splits the head by vocabulary rows), under real ``torchrun`` + gloo on 2 ranks.
+
+Each rank holds half the rows of a float64 head; the logprobs and entropy every rank returns, the
+gradient of the (replicated) hidden states and each rank's gradient of its own rows are compared
+with a float64 reference computed here from the whole ``[N, V]`` logits by ``torch.log_softmax``
+(an independent implementation), at a temperature, with vocabulary chunks that do not divide a
+rank's rows, and targets on both ranks.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+SCRIPT = r"""
+import json, sys
+import torch
+import torch.distributed as dist
+from slime_gb10.grpo.logprobs import chunked_logprobs_entropy
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+spec = json.loads(open(sys.argv[1]).read())
+hidden = torch.tensor(spec["hidden"], dtype=torch.float64, requires_grad=True)
+head = torch.tensor(spec["head"], dtype=torch.float64)
+rows = head.shape[0] // world
+mine = head[rank * rows:(rank + 1) * rows].clone().requires_grad_(True)
+targets = torch.tensor(spec["targets"])
+logprobs, entropy = chunked_logprobs_entropy(hidden, mine, targets, temperature=spec["temperature"],
+    chunk_size=3, token_chunk_size=4, with_entropy=True, vocab_parallel_group=dist.group.WORLD)
+weights = torch.tensor(spec["weights"], dtype=torch.float64)
+(logprobs @ weights[0] + entropy @ weights[1]).backward()
+with open(f"{sys.argv[2]}/rank{rank}.json", "w") as f:
+    json.dump({"logprobs": logprobs.tolist(), "entropy": entropy.tolist(), "grad_hidden": hidden.grad.tolist(),
+               "grad_rows": mine.grad.tolist()}, f)
+dist.destroy_process_group()
+"""
+
+
+def test_a_vocabulary_parallel_head_gives_the_whole_heads_logprobs_entropy_and_gradients(tmp_path, torchrun):
+    gen = torch.Generator().manual_seed(0)
+    n, h, v, temperature = 9, 6, 10, 0.7  # 5 rows a rank, chunks of 3; 9 tokens in blocks of 4
+    hidden = torch.randn(n, h, generator=gen, dtype=torch.float64)
+    head = torch.randn(v, h, generator=gen, dtype=torch.float64)
+    targets = torch.tensor([0, 4, 5, 9, 2, 7, 5, 1, 8])  # both halves, both edges of the split
+    weights = torch.randn(2, n, generator=gen, dtype=torch.float64)
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"hidden": hidden.tolist(), "head": head.tolist(), "targets": targets.tolist(),
+                                "weights": weights.tolist(), "temperature": temperature}))  # fmt: skip
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    run = torchrun(str(script), str(spec), str(tmp_path), timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+
+    # the reference: whole logits, log_softmax, autograd, all float64
+    ref_hidden = hidden.clone().requires_grad_(True)
+    ref_head = head.clone().requires_grad_(True)
+    logp = torch.log_softmax(ref_hidden @ ref_head.T / temperature, dim=-1)
+    ref_logprobs = logp.gather(1, targets[:, None]).squeeze(1)
+    ref_entropy = -(logp.exp() * logp).sum(-1)
+    (ref_logprobs @ weights[0] + ref_entropy @ weights[1]).backward()
+
+    def close(got, want):
+        torch.testing.assert_close(
+            torch.tensor(got, dtype=torch.float64), want.detach(), rtol=1e-10, atol=1e-12
+        )
+
+    for rank, out in enumerate(ranks):
+        close(out["logprobs"], ref_logprobs)
+        close(out["entropy"], ref_entropy)
+        close(out["grad_hidden"], ref_hidden.grad)  # the sum of both ranks' parts, on each
+        close(out["grad_rows"], ref_head.grad[rank * 5 : (rank + 1) * 5])
