@@ -30,12 +30,14 @@ shape_args() {
 }
 
 # the trainer flags of a mode: none (data parallel), fsdp (train.sharding=fsdp), megatron (Megatron-core's
-# DDP) and megatron-zero1 (its distributed optimizer too); all roll out with the PyTorch engine
+# DDP), megatron-zero1 (its distributed optimizer too) and megatron-tpN (its tensor parallelism over N
+# consecutive GPUs, data parallel over the groups); all roll out with the PyTorch engine
 mode_args() {
   case $1 in
     none|fsdp) echo "--trainer torch --set train.sharding=$1" ;;
     megatron) echo "--trainer megatron --set megatron.use_distributed_optimizer=false" ;;
     megatron-zero1) echo "--trainer megatron --set megatron.use_distributed_optimizer=true" ;;
+    megatron-tp*) echo "--trainer megatron --set megatron.tensor_parallel_size=${1#megatron-tp}" ;;
   esac
 }
 

@@ -41,7 +41,9 @@ print(
 )
 print("|---|---|---|---|---|---|---|---|---|---|")
 for r in sorted(results, key=lambda r: (r["shape"], r["gpus"], r["sharding"])):
-    mode = MODES[r["sharding"]] if r["gpus"] > 1 else "1 GPU"
+    tp = int(r["sharding"][len("megatron-tp") :]) if r["sharding"].startswith("megatron-tp") else 0
+    dp = f" x DP {r['gpus'] // tp}" if tp and r["gpus"] > tp else ""
+    mode = (f"TP {tp}{dp}" if tp else MODES[r["sharding"]]) if r["gpus"] > 1 else "1 GPU"
     if r["sharding"].startswith("megatron"):
         mode = "Megatron " + ("1 GPU" if r["gpus"] == 1 else mode)
     if r["rc"] != 0 and r["steps"]:  # stopped part-way: its medians are of the steps it logged

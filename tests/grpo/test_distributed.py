@@ -249,6 +249,17 @@ def test_check_launch_and_shard():
     check_launch(build_config(overrides=megatron), 2)  # Megatron-core's DDP (GPU: test_megatron_dp_gpu)
     with pytest.raises(LaunchError, match=r"megatron\.use_distributed_optimizer=true"):
         check_launch(build_config(overrides={**megatron, "train.sharding": "fsdp"}), 2)
+    # Megatron tensor parallelism: its backend, groups that divide the ranks, not with ZeRO-1 (yet)
+    tp2 = {**megatron, "megatron.tensor_parallel_size": 2}
+    check_launch(build_config(overrides=tp2), 2)
+    check_launch(build_config(overrides={**tp2, "rollout.prompts_per_step": 8}), 4)
+    with pytest.raises(LaunchError, match=r"tensor_parallel_size=2 is Megatron-core's.*--trainer megatron"):
+        check_launch(build_config(overrides={**tp2, "backends.trainer": "torch"}), 2)
+    for ranks in (1, 3):  # one rank too: the launch names the torchrun line
+        with pytest.raises(LaunchError, match=rf"{ranks} rank\(s\) do not divide.*--nproc-per-node 2"):
+            check_launch(build_config(overrides=tp2), ranks)
+    with pytest.raises(LaunchError, match="does not yet combine"):
+        check_launch(build_config(overrides={**tp2, "megatron.use_distributed_optimizer": True}), 2)
     check_launch(build_config(overrides={"train.sharding": "fsdp", "rollout.weights": "nvfp4"}), 2)
     check_launch(build_config(overrides={"train.sharding": "fsdp"}), 2)
     items = list(range(6))

@@ -169,3 +169,60 @@ def test_the_shards_are_what_megatron_cores_own_split_gives_each_rank(config):
             assert torch.equal(ours, theirs), (name, rank)
         checked.add(kind)
     assert checked == {tp_map.COLUMN, tp_map.GLU, tp_map.ROW, tp_map.VOCAB}
+
+
+# ------------------------------------------------------------------ the loop under tensor parallelism
+class TensorParallelPeer:
+    """The loop's view of a Megatron backend on rank ``rank`` of a tensor-parallel pair: its
+    ``tensor_parallel_samples`` appends the other rank's samples (what the all-gather over the group
+    returns, in rank order; the real exchange runs in test_megatron_tp_gpu.py), and it records the
+    micro-batches it is given."""
+
+    tensor_parallel_size = 2
+
+    def __init__(self, rank: int, theirs: list):
+        self.tensor_parallel_rank, self.theirs, self.steps = rank, theirs, []
+
+    def tensor_parallel_samples(self, samples):
+        return samples + self.theirs if self.tensor_parallel_rank == 0 else self.theirs + samples
+
+    def train_step(self, micro, loss_fn):
+        from slime_gb10.grpo.interfaces import TrainStepResult
+
+        self.steps.append(micro)
+        return TrainStepResult(loss=0.25, grad_norm=2.0, metrics={"kl": 1.0})
+
+
+class PairDist:
+    """Two ranks, one tensor-parallel group: a sum over the ranks doubles each rank's (equal) count."""
+
+    enabled = True
+
+    def sum(self, values):
+        return [2 * v for v in values]
+
+
+def test_a_tensor_parallel_group_trains_on_all_its_samples_and_its_first_rank_reports_them():
+    """Both ranks of the pair train on the same micro-batches (their own and the other's samples,
+    in rank order), each loss divided by the group's token count (counted once, not once per rank),
+    and only rank 0 reports the loss, tokens and metrics that the step's row sums over ranks."""
+    from slime_gb10.grpo.batching import Sample, update_policy
+    from slime_gb10.grpo.config import build_config
+
+    def sample(tokens: int) -> Sample:
+        return Sample([1, 2], list(range(3, 3 + tokens)), [-0.5] * tokens, 1.0, 1.0, truncated=False)
+
+    cfg = build_config(overrides={"train.micro_batch_size": 2})
+    mine, theirs = [sample(2), sample(3)], [sample(4)]
+    first, second = TensorParallelPeer(0, theirs), TensorParallelPeer(1, mine)
+    reports = [
+        update_policy(first, mine, cfg, PairDist(), 0),
+        update_policy(second, theirs, cfg, PairDist(), 0),
+    ]
+    (a,), (b,) = first.steps, second.steps
+    assert [batch.input_ids.tolist() for batch, _ in a] == [batch.input_ids.tolist() for batch, _ in b]
+    assert sum(float(batch.completion_mask.sum()) for batch, _ in a) == 9  # 2 + 3 + 4 completion tokens
+    assert all(extras["global_count"] == 9.0 for _, extras in a + b)
+    metrics, tokens, grad_norm, loss = reports[0]
+    assert metrics == {"kl": 1.0} and tokens == 4 + 5 + 6 and grad_norm == 2.0 and loss == 0.25
+    assert reports[1] == ({}, 0, 2.0, 0.0)

@@ -127,6 +127,12 @@ def test_reference_model_and_megatron_bytes():
     assert four.parts["trainer weights"] == 2 * n + 4 * n // 4 and four.parts["AdamW states"] == 8 * n // 4
     assert four.parts["gradients"] == 4 * n
     assert mp.estimate(zero1, llama(), device="cuda", trainer="megatron").parts["trainer weights"] == 6 * n
+    # tensor parallelism over 2: half the weights, main weights, moments, gradients and reference each
+    tp2 = config(**{"megatron.tensor_parallel_size": 2, "algo.ref_kl_metric": True})
+    split = mp.estimate(tp2, llama(), device="cuda", trainer="megatron", world_size=2)
+    assert split.parts["trainer weights"] == 6 * n // 2 and split.parts["AdamW states"] == 8 * n // 2
+    assert split.parts["gradients"] == 4 * n // 2 and split.parts["reference model"] == 2 * n // 2
+    assert split.parts["rollout weights"] == megatron.parts["rollout weights"]  # the engine's whole copy
 
 
 def test_a_distributed_optimizers_checkpoint_gathers_onto_rank_0s_host_memory():
@@ -148,6 +154,12 @@ def test_a_distributed_optimizers_checkpoint_gathers_onto_rank_0s_host_memory():
     assert "--trainer torch --set train.sharding=fsdp" in text and "checkpoint save" in text
     discrete = mp.estimate(zero1, model, **kw)
     assert discrete.phase != "checkpoint save" and "checkpoint gather (rank 0)" not in discrete.parts
+    # tensor parallelism over 4 gathers the whole BF16 weights too (tp_checkpoint.py): 14 bytes
+    tp4 = config(**{"megatron.tensor_parallel_size": 4, "train.micro_batch_size": 1, "rollout.prompts_per_step": 4,
+                    "rollout.group_size": 2, "rollout.max_new_tokens": 8})  # fmt: skip
+    host = mp.estimate(tp4, model, host_memory=True, **kw)
+    assert host.phase == "checkpoint save" and host.parts["checkpoint gather (rank 0)"] == 14 * n
+    assert host.parts["gradients"] == 4 * n // 4
     assert "checkpoint gather (rank 0)" not in mp.estimate(config(), model, host_memory=True, **kw).parts
 
 
@@ -466,6 +478,7 @@ def test_a_discrete_gpu_refuses_what_its_training_state_alone_exceeds(monkeypatc
     megatron = mp.estimate(cfg, mp.read_model_config(cfg), device="cuda", trainer="megatron")
     text = mp.refusal(cfg, megatron, 2**30, "test", "cuda:0")
     assert "train.sharding" not in text and "--set megatron.use_distributed_optimizer=true" in text
+    assert "--set megatron.tensor_parallel_size=N" in text
     # data parallel on four ranks holds it all on each: refused, with the sharding advice
     with pytest.raises(mp.MemoryPlanError, match=r"train\.sharding=fsdp"):
         mp.check(cfg, world_size=4, prompt_tokens=100)

@@ -91,6 +91,12 @@ def update_policy(
     token (or sequence) count of the whole global minibatch."""
     from slime_gb10.grpo import algo
 
+    # Megatron tensor parallelism: the ranks of a group train on all of the group's samples together,
+    # so each sample is counted once per rank of its group; the group's first rank reports it
+    samples = (
+        backend.tensor_parallel_samples(samples) if hasattr(backend, "tensor_parallel_samples") else samples
+    )
+    tp = getattr(backend, "tensor_parallel_size", 1)
     on_policy = cfg.train.epochs == 1 and cfg.train.minibatches == 1
     need_ref = cfg.algo.beta > 0 or cfg.algo.ref_kl_metric
     if need_ref and not has_reference_model(backend):
@@ -125,7 +131,7 @@ def update_policy(
         prepared.append(micro)
     for micro, total in zip(prepared, dist.sum(counts), strict=True):
         for _, extras in micro:
-            extras["global_count"] = max(total, 1.0)
+            extras["global_count"] = max(total / tp, 1.0)  # integers: exact
 
     loss_fn = algo.build_loss(cfg.algo, cfg.rollout.max_new_tokens)
     tokens, sums, grad_norms, losses = 0, {}, [], []
@@ -138,4 +144,6 @@ def update_policy(
                 sums[key] = sums.get(key, 0.0) + value
             tokens += sum(int(b.attention_mask.sum()) for b, e in micro if e.get("metric_weight", 1.0))
     steps = len(grad_norms)
+    if getattr(backend, "tensor_parallel_rank", 0):  # its group's first rank reports the group's share
+        return {}, 0, sum(grad_norms) / steps, 0.0
     return {k: v / steps for k, v in sums.items()}, tokens, sum(grad_norms) / steps, sum(losses) / steps

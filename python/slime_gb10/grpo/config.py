@@ -463,18 +463,17 @@ class MegatronConfig(_Section):
         description="bf16; fp8 (TE Float8CurrentScaling); nvfp4 (TE NVFP4BlockScaling, RHT off + BF16 wgrad "
         "on sm_12x).",
     )
-    transformer_impl: Literal["auto", "transformer_engine", "local"] = Field(
-        default="auto",
-        description="Layer spec; auto: TransformerEngine's when transformer_engine imports, else Megatron's local.",
-    )
+    transformer_impl: Literal["auto", "transformer_engine", "local"] = Field(default="auto",
+        description="Layer spec; auto: TransformerEngine's if it imports, else Megatron's local.")  # fmt: skip
     use_distributed_optimizer: bool = Field(
-        default=False,
-        description="Under torchrun, shard the FP32 master weights and Adam moments over the ranks (ZeRO-1).",
+        default=False, description="Under torchrun, shard the FP32 master weights and Adam moments (ZeRO-1)."
     )
-    recompute_granularity: Literal["none", "selective", "full"] = Field(
-        default="none",
-        description="Activation recomputation in the backward (less memory, slower); none: off.",
-    )
+    tensor_parallel_size: int = Field(
+        default=1, ge=1, description="Under torchrun, split every layer over this many ranks (tensor parallelism; "
+        "consecutive ranks, e.g. one box's GPUs); the groups of them are data-parallel.",
+    )  # fmt: skip
+    recompute_granularity: Literal["none", "selective", "full"] = Field(default="none",
+        description="Activation recomputation in the backward (less memory, slower); none: off.")  # fmt: skip
 
 
 class SFTConfig(_Section):

@@ -398,6 +398,21 @@ def env_world_size() -> int:
 
 def check_launch(config, world_size: int) -> None:
     """Refuse, before any model loads, a launch that cannot work; one message naming the fix."""
+    tp = config.megatron.tensor_parallel_size
+    if tp > 1 and config.backends.trainer != "megatron":
+        raise LaunchError(
+            f"megatron.tensor_parallel_size={tp} is Megatron-core's tensor parallelism: add --trainer megatron"
+        )
+    if world_size % tp:
+        raise LaunchError(
+            f"{world_size} rank(s) do not divide into tensor-parallel groups of megatron.tensor_parallel_size={tp}: "
+            f"launch torchrun --nproc-per-node {tp} (or a multiple of it) -m slime_gb10 train ..."
+        )
+    if tp > 1 and config.megatron.use_distributed_optimizer:
+        raise LaunchError(  # its checkpoints would hold each tensor-parallel rank's shards apart
+            "megatron.use_distributed_optimizer does not yet combine with megatron.tensor_parallel_size > 1; "
+            "set one of them"
+        )
     if world_size <= 1:
         return
     prompts = config.rollout.prompts_per_step
@@ -422,9 +437,9 @@ def init(config) -> DistContext:
     """The process group from torchrun's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
     ``MASTER_ADDR``/``MASTER_PORT``): NCCL when the ranks have GPUs, gloo otherwise."""
     world_size = env_world_size()
+    check_launch(config, world_size)
     if world_size <= 1:
         return DistContext()
-    check_launch(config, world_size)
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     device = config.backends.device
     use_cuda = device != "cpu" and torch.cuda.is_available()

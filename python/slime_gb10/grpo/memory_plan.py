@@ -395,11 +395,14 @@ def estimate(
         (2 if bf16_gathers else 4) * (2 * outer + 3 * (n - outer) // max(1, s.layers)) if shards > 1 else 0
     )
     zero1 = world_size if trainer == "megatron" and config.megatron.use_distributed_optimizer else 1  # ZeRO-1
+    # Megatron tensor parallelism: each rank holds 1/tp of the weights, gradients and moments (the
+    # norms whole, a rounding here); its activations are counted whole (no sequence parallelism)
+    tp = config.megatron.tensor_parallel_size if trainer == "megatron" else 1
     resident = {
-        "trainer weights": trainer_weight_bytes(n, trainer, zero1) // shards,
-        "AdamW states": adamw_bytes(n) // shards // zero1,
+        "trainer weights": trainer_weight_bytes(n, trainer, zero1) // shards // tp,
+        "AdamW states": adamw_bytes(n) // shards // zero1 // tp,
         "FSDP gathered weights": gathered,
-        "reference model": reference_bytes(n, trainer) // shards if with_reference else 0,
+        "reference model": reference_bytes(n, trainer) // shards // tp if with_reference else 0,
         "rollout weights": rollout_weight_bytes(n, engine_bytes),
         "NVFP4 sync codes": nvfp4_bytes(s, 9) if roll.weights == "nvfp4" else 0,
         "NVFP4 engine codes": nvfp4_bytes(s, 10) if roll.weights == "nvfp4" and static else 0,
@@ -407,7 +410,7 @@ def estimate(
         "overhead": CUDA_OVERHEAD_BYTES if gpu else 0,
     }
     training = {
-        "gradients": gradient_bytes(n) // shards,
+        "gradients": gradient_bytes(n) // shards // tp,
         "activations": activation_bytes(
             s, mb_rows, seq, autocast=autocast or (trainer == "megatron" and gpu), checkpointing=checkpointing
         ),
@@ -425,7 +428,9 @@ def estimate(
     # rank 0's host memory (12 N, whatever the world size) beside the gradient buffer; on a GB10 that
     # memory is the GPU's
     gather = {"gradients": gradient_bytes(n), "checkpoint gather (rank 0)": 12 * n}
-    saving = gather if zero1 > 1 and host_memory else {}
+    # tensor parallelism: the whole BF16 weights, FP32 main weights and moments (tp_checkpoint.py)
+    whole = {"gradients": gradient_bytes(n) // tp, "checkpoint gather (rank 0)": 14 * n}
+    saving = (gather if zero1 > 1 else whole if tp > 1 else {}) if host_memory else {}
     phases = [("training step", training), ("rollout", rolling), ("checkpoint save", saving)]
     (phase, peak), (_, other) = sorted(phases, key=lambda p: -sum(p[1].values()))[:2]
     parts = {k: v for k, v in {**resident, **peak}.items() if v}
@@ -464,10 +469,16 @@ def refusal(
     state = sum(plan.parts.get(k, 0) for k in ("trainer weights", "AdamW states", "gradients"))
     if "checkpoint gather (rank 0)" in plan.parts:
         fixes += ("; or train with --trainer torch --set train.sharding=fsdp, whose checkpoints every rank "
-                  "writes in shards (Megatron's distributed optimizer gathers 12 bytes a parameter to save)")  # fmt: skip
+                  "writes in shards (Megatron gathers 12 to 14 bytes a parameter onto rank 0 to save)")  # fmt: skip
     mostly_state = state * 2 >= plan.total
-    if mostly_state and plan.trainer == "megatron" and not config.megatron.use_distributed_optimizer:
-        fixes += "; or shard the optimizer state over N GPUs: torchrun ... --set megatron.use_distributed_optimizer=true"
+    megatron = config.megatron
+    if mostly_state and plan.trainer == "megatron" and megatron.tensor_parallel_size == 1:
+        fixes += ("; or split every layer over N GPUs: torchrun --nproc-per-node N ... --set "
+                  "megatron.tensor_parallel_size=N")  # fmt: skip
+        if not megatron.use_distributed_optimizer:
+            fixes += (
+                "; or shard the optimizer state: torchrun ... --set megatron.use_distributed_optimizer=true"
+            )
     if mostly_state and plan.trainer == "torch":  # mostly training state, and FSDP can shard it
         if "FSDP gathered weights" in plan.parts:
             fixes += f"; or shard the training state ({gib(state)} per rank) over more than {world_size} GPUs"

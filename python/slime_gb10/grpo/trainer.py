@@ -318,7 +318,8 @@ class GRPOTrainer:
                 getattr(self.backend, "num_parameters", None),
                 prompt_tokens=sum(map(len, repeated)),
                 rollout_tokens=sum(lengths),
-                train_tokens=train_tokens,
+                # tensor parallelism: this rank computed 1/tp of each of its group's trained tokens
+                train_tokens=train_tokens / getattr(self.backend, "tensor_parallel_size", 1),
                 seconds=row["step_time_s"],
             )
             if mfu is not None:

@@ -19,7 +19,9 @@ from slime_gb10.grpo.backends.common import (
     warmup_factor,
 )
 from slime_gb10.grpo.backends.megatron.mapping import (
+    DecoderArch,
     hf_named_tensors_fn,
+    iter_megatron_to_hf,
     megatron_to_hf,
 )
 from slime_gb10.grpo.backends.megatron.model import (
@@ -32,6 +34,7 @@ from slime_gb10.grpo.backends.megatron.model import (
     te_recipe,
     token_logprobs,
 )
+from slime_gb10.grpo.backends.megatron.tensor_parallel import GatheredState, check_tensor_parallel
 from slime_gb10.grpo.config import MegatronConfig, TrainConfig
 from slime_gb10.grpo.interfaces import PolicyBackend, TokenBatch, TrainStepResult
 
@@ -67,7 +70,18 @@ class MegatronPolicyBackend(PolicyBackend):
                 "CUDA); on a CPU use trainer: torch"
             )
         torch.cuda.set_device(self.device)
-        self.data_parallel_size = init_parallel(seed, train.dist_timeout_s)
+        tp = megatron.tensor_parallel_size
+        world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        check_tensor_parallel(
+            DecoderArch.from_hf_config(hf_model.config), tp, world
+        )  # before any group forms
+        self.data_parallel_size = init_parallel(seed, train.dist_timeout_s, tp)
+        from megatron.core import parallel_state
+
+        self.tensor_parallel_size = tp
+        self.tensor_parallel_rank = parallel_state.get_tensor_model_parallel_rank()
+        self.data_parallel_rank = parallel_state.get_data_parallel_rank()
+        self.tp_group = parallel_state.get_tensor_model_parallel_group() if tp > 1 else None
         self.use_distributed_optimizer = use_distributed_optimizer
         self.tokenizer = tokenizer
         self.hf_config = hf_model.config
@@ -88,12 +102,16 @@ class MegatronPolicyBackend(PolicyBackend):
             params_dtype=torch.bfloat16,
             device=self.device,
             recompute_granularity=megatron.recompute_granularity,
+            tensor_parallel_size=tp,
         )
-        load_hf_weights(self.model, hf_state, self.arch, self.flavor)
+        shard = (tp, self.tensor_parallel_rank)
+        load_hf_weights(self.model, hf_state, self.arch, self.flavor, shard)
         self.reference = None
         if with_reference:
-            self.reference, _, _ = build_gpt_model(self.hf_config, flavor=self.flavor, device=self.device)
-            load_hf_weights(self.reference, hf_state, self.arch, self.flavor)
+            self.reference, _, _ = build_gpt_model(
+                self.hf_config, flavor=self.flavor, device=self.device, tensor_parallel_size=tp
+            )
+            load_hf_weights(self.reference, hf_state, self.arch, self.flavor, shard)
             self.reference.eval().requires_grad_(False)
         del hf_state
 
@@ -106,13 +124,27 @@ class MegatronPolicyBackend(PolicyBackend):
             max_grad_norm=train.max_grad_norm,
             use_distributed_optimizer=use_distributed_optimizer,
         )
-        self.num_parameters = sum(p.numel() for p in self.model.parameters())
+        # the whole model's (this rank holds 1/tp of most of them under tensor parallelism)
+        self.num_parameters = (
+            hf_model.num_parameters() if tp > 1 else sum(p.numel() for p in self.model.parameters())
+        )
         log.info(
-            "Megatron-core GPTModel: %.1fM parameters, %s layer spec, precision %s",
+            "Megatron-core GPTModel: %.1fM parameters, %s layer spec, precision %s, tensor parallel %d",
             self.num_parameters / 1e6,
             self.flavor,
             precision,
+            tp,
         )
+
+    def tensor_parallel_samples(self, samples: list) -> list:
+        """The samples of every rank of this rank's tensor-parallel group, in rank order (the same
+        list on each). Each rank rolled out its own share of the prompts; the group's layers compute
+        together, so its ranks must train on the same micro-batches: all of the group's samples."""
+        if self.tp_group is None:
+            return samples
+        parts: list = [None] * self.tensor_parallel_size
+        torch.distributed.all_gather_object(parts, samples, group=self.tp_group)  # our own ranks' lists
+        return [sample for part in parts for sample in part]
 
     # ---------------------------------------------------------------- logprobs
     def _logprobs(self, model, batch: TokenBatch, with_entropy: bool):
@@ -195,19 +227,34 @@ class MegatronPolicyBackend(PolicyBackend):
             ).all()
             & loss_finite
         )
-        if self.data_parallel_size > 1:
-            from megatron.core import parallel_state
-
+        if torch.distributed.get_world_size() > 1:  # over tensor- and data-parallel ranks alike
             finite = finite.to(torch.int32)
-            torch.distributed.all_reduce(
-                finite, op=torch.distributed.ReduceOp.MIN, group=parallel_state.get_data_parallel_group()
-            )
+            torch.distributed.all_reduce(finite, op=torch.distributed.ReduceOp.MIN)
         return bool(finite)
 
     # ---------------------------------------------------------------- weights / checkpoints
+    def _whole_state(self):
+        """The weights by Megatron name, whole: under tensor parallelism each is gathered from the
+        group's shards when read (a collective: every rank of the group reads them)."""
+        state = megatron_state(self.model)
+        return state if self.tp_group is None else GatheredState(state, self.tp_group)
+
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """The current weights under Hugging Face names (contiguous copies of the split views)."""
-        return megatron_to_hf(megatron_state(self.model), self.arch, self.flavor)
+        """The current weights under Hugging Face names (contiguous copies of the split views); a
+        collective under tensor parallelism."""
+        return megatron_to_hf(self._whole_state(), self.arch, self.flavor)
+
+    def full_model_state(self) -> dict[str, torch.Tensor] | None:
+        """Under tensor parallelism, the whole weights by HF name on rank 0's host memory (None on the
+        other ranks, which take part in the gathers) for :meth:`save_pretrained`; None without."""
+        if self.tp_group is None:
+            return None
+        keep = torch.distributed.get_rank() == 0
+        state = {}
+        for name, tensor in iter_megatron_to_hf(self._whole_state(), self.arch, self.flavor):
+            if keep:
+                state[name] = tensor.to("cpu", copy=True)
+        return state if keep else None
 
     def export_weights(self, bucket_bytes: int, *, nvfp4_codes: bool = False):
         from slime_gb10.grpo.weight_sync import WeightStream
@@ -215,16 +262,21 @@ class MegatronPolicyBackend(PolicyBackend):
         if nvfp4_codes:  # rollout.weights=nvfp4 is the PyTorch backend's (the config says so)
             raise ValueError("the Megatron backend exports BF16 weights only, not NVFP4 codes")
 
-        named = hf_named_tensors_fn(lambda: megatron_state(self.model), self.arch, self.flavor)
+        named = hf_named_tensors_fn(self._whole_state, self.arch, self.flavor)
         return WeightStream(named, bucket_bytes=bucket_bytes, transfer_dtype=self.transfer_dtype)
 
     @property
     def collective_state(self) -> bool:
         """``state_dict`` and ``load_state_dict`` are collectives (every rank calls them; rank 0
-        alone writes what ``state_dict`` returns there): the distributed optimizer's shards."""
-        return self.use_distributed_optimizer
+        alone writes what ``state_dict`` returns there): the distributed optimizer's shards, or
+        the tensor-parallel shards of weights and optimizer."""
+        return self.use_distributed_optimizer or self.tp_group is not None
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict | None:
+        if self.tp_group is not None:
+            from slime_gb10.grpo.backends.megatron.tp_checkpoint import whole_state
+
+            return whole_state(self)
         """Weights, optimizer and schedule. The distributed optimizer's ``state_dict`` holds no
         parameter state (Megatron saves it apart): its master weights and Adam moments come
         gathered in Megatron's "dp_zero" layout, whole on rank 0 (None elsewhere), which
@@ -255,6 +307,11 @@ class MegatronPolicyBackend(PolicyBackend):
                 f"checkpoint was written with the {state['flavor']!r} layer spec, this run uses {self.flavor!r}; "
                 "set megatron.transformer_impl to match"
             )
+        from slime_gb10.grpo.backends.megatron import tp_checkpoint
+
+        if tp_checkpoint.is_whole_state(state) or self.tp_group is not None:
+            tp_checkpoint.load_whole_state(self, state)  # any tensor-parallel size, or a clear refusal
+            return
         sharded = "optimizer_parameter_state" in state
         if sharded != self.use_distributed_optimizer:
             raise RuntimeError(
@@ -272,12 +329,16 @@ class MegatronPolicyBackend(PolicyBackend):
                 _load_dp_zero(optimizer, part)
         self.steps_done = int(state.get("steps_done", 0))
 
-    def save_pretrained(self, directory: str, dtype: torch.dtype | None = None) -> None:
+    def save_pretrained(
+        self, directory: str, dtype: torch.dtype | None = None, state: dict | None = None
+    ) -> None:
+        """The model as a HF directory; ``state``: :meth:`full_model_state`'s (tensor parallelism)."""
         dtype = dtype or torch.bfloat16
         from transformers import AutoModelForCausalLM
 
         hf_model = AutoModelForCausalLM.from_config(self.hf_config, dtype=dtype)
-        missing, unexpected = hf_model.load_state_dict(self.hf_state_dict(), strict=False)
+        state = state if state is not None else self.hf_state_dict()
+        missing, unexpected = hf_model.load_state_dict(state, strict=False)
         missing = [k for k in missing if not (k == "lm_head.weight" and self.arch.tie_word_embeddings)]
         if missing or unexpected:
             raise RuntimeError(

@@ -1,7 +1,7 @@
 """The production policy backend's model: Megatron-core ``GPTModel`` (+ TransformerEngine when it
 imports), its optimizer, precision recipes and logprobs; :mod:`.backend` is the backend around them.
 
-What slime trains with, on one GPU or data-parallel under torchrun:
+What slime trains with, on one GPU or under torchrun:
 
 * the model is a Megatron-core ``GPTModel`` built from the Hugging Face config (Llama / Qwen2 /
   SmolLM2 family, see :mod:`.mapping`), with the TransformerEngine layer spec when
@@ -13,6 +13,9 @@ What slime trains with, on one GPU or data-parallel under torchrun:
   DDP sums the gradients over the ranks, and ``megatron.use_distributed_optimizer`` shards the
   master weights and Adam states over them (ZeRO-1: 12 of the 18 bytes a parameter costs here:
   BF16 weights 2, FP32 main weights 4, Adam 8, FP32 gradients 4);
+* ``megatron.tensor_parallel_size`` splits every layer over consecutive ranks (Megatron's
+  column/row-parallel linears and vocabulary-parallel embedding; the weights are sharded on load
+  by :mod:`.tensor_parallel`), and the groups of them are data-parallel;
 * logprobs use the same chunked-vocabulary path as the PyTorch backend
   (:func:`slime_gb10.grpo.logprobs.chunked_logprobs_entropy`) on the decoder's final hidden states,
   so the ``[tokens, vocab]`` logits never exist;
@@ -105,6 +108,7 @@ def transformer_config(
     params_dtype: torch.dtype = torch.bfloat16,
     use_cpu_initialization: bool = False,
     recompute_granularity: str = "none",
+    tensor_parallel_size: int = 1,
 ):
     """Megatron-core ``TransformerConfig`` equivalent to a Llama-family HF config.
 
@@ -118,6 +122,7 @@ def transformer_config(
     if recompute_granularity == "full":
         recompute |= {"recompute_method": "uniform", "recompute_num_layers": 1}
     return TransformerConfig(
+        tensor_model_parallel_size=tensor_parallel_size,  # no sequence parallelism: activations whole
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
         ffn_hidden_size=arch.intermediate_size,
@@ -160,8 +165,10 @@ def build_gpt_model(
     params_dtype: torch.dtype = torch.bfloat16,
     device: str | torch.device = "cuda",
     recompute_granularity: str = "none",
+    tensor_parallel_size: int = 1,
 ):
-    """``(GPTModel, DecoderArch, flavor)`` for a HF config; needs ``parallel_state`` initialised.
+    """``(GPTModel, DecoderArch, flavor)`` for a HF config; needs ``parallel_state`` initialised (with
+    the same tensor-parallel size: each rank's layers hold its shards).
 
     The vocabulary keeps the exact HF size (no padding to a multiple), so logprobs compare 1:1.
     """
@@ -171,7 +178,10 @@ def build_gpt_model(
         get_gpt_layer_with_transformer_engine_spec,
     )
 
+    from slime_gb10.grpo.backends.megatron.tensor_parallel import check_tensor_parallel
+
     arch = DecoderArch.from_hf_config(hf_config)
+    check_tensor_parallel(arch, tensor_parallel_size)
     flavor = resolve_flavor(flavor)
     device = torch.device(device)
     config = transformer_config(
@@ -179,6 +189,7 @@ def build_gpt_model(
         params_dtype=params_dtype,
         use_cpu_initialization=device.type == "cpu",
         recompute_granularity=recompute_granularity,
+        tensor_parallel_size=tensor_parallel_size,
     )
     if flavor == "te":
         layer_spec = get_gpt_layer_with_transformer_engine_spec()
@@ -206,11 +217,13 @@ def build_gpt_model(
     return model, arch, flavor
 
 
-def init_parallel(seed: int = 0, timeout_s: int = 1800) -> int:
+def init_parallel(seed: int = 0, timeout_s: int = 1800, tensor_parallel_size: int = 1) -> int:
     """Megatron's parallel groups over every rank of ``torch.distributed`` (a one-member group of
-    its own when no launcher formed one): tensor and pipeline parallel size 1, so the data-parallel
-    group is the whole world (torchrun: ``grpo/distributed.py`` formed it). Its groups' collectives
-    time out after ``timeout_s`` (``train.dist_timeout_s``). Returns the data-parallel size."""
+    its own when no launcher formed one): tensor-parallel groups of ``tensor_parallel_size``
+    consecutive ranks (Megatron's order: on one box before across boxes), pipeline parallel size 1,
+    and data parallelism over the groups (torchrun: ``grpo/distributed.py`` formed the world). Its
+    groups' collectives time out after ``timeout_s`` (``train.dist_timeout_s``). Returns the
+    data-parallel size."""
     import torch.distributed as dist
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
@@ -228,20 +241,32 @@ def init_parallel(seed: int = 0, timeout_s: int = 1800) -> int:
             dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=1,
+            tensor_model_parallel_size=tensor_parallel_size,
             pipeline_model_parallel_size=1,
             distributed_timeout_minutes=timeout_s / 60,  # megatron makes timedelta(minutes=...) of it
         )
-    if torch.cuda.is_available():
-        model_parallel_cuda_manual_seed(seed)  # the same on every rank: the ranks hold the same model
+    if torch.cuda.is_available():  # the same on every rank (Megatron offsets its tensor-parallel
+        model_parallel_cuda_manual_seed(seed)  # stream per rank; nothing here draws from it: no dropout)
     return parallel_state.get_data_parallel_world_size()
 
 
 def load_hf_weights(
-    model, hf_state: dict[str, torch.Tensor], arch: DecoderArch, flavor: LayerSpecFlavor
+    model,
+    hf_state: dict[str, torch.Tensor],
+    arch: DecoderArch,
+    flavor: LayerSpecFlavor,
+    tensor_parallel: tuple[int, int] = (1, 0),
 ) -> None:
-    """Copy a HF state dict into a Megatron ``GPTModel`` (strict: every parameter, matching shapes)."""
-    converted = hf_to_megatron(hf_state, arch, flavor)
+    """Copy a HF state dict into a Megatron ``GPTModel`` (strict: every parameter, matching shapes);
+    ``tensor_parallel = (size, rank)``: this rank's shards."""
+    from slime_gb10.grpo.backends.megatron.tensor_parallel import iter_hf_to_megatron_shard
+
+    size, rank = tensor_parallel
+    converted = (
+        dict(iter_hf_to_megatron_shard(hf_state, arch, flavor, size, rank))
+        if size > 1
+        else hf_to_megatron(hf_state, arch, flavor)
+    )
     params = dict(model.named_parameters())
     if set(converted) != set(params):
         missing, extra = sorted(set(params) - set(converted)), sorted(set(converted) - set(params))
@@ -428,6 +453,11 @@ def token_logprobs(
         head = module.shared_embedding_or_output_weight()
     else:
         head = module.output_layer.weight
+    from megatron.core import parallel_state
+
+    group = None  # tensor parallelism: the head is this rank's rows of the vocabulary
+    if parallel_state.get_tensor_model_parallel_world_size() > 1:
+        group = parallel_state.get_tensor_model_parallel_group()
     return sequence_logprobs_entropy(
         hidden[:, :seq],
         head,
@@ -436,4 +466,5 @@ def token_logprobs(
         temperature=temperature,
         chunk_size=chunk_size,
         with_entropy=with_entropy,
+        vocab_parallel_group=group,
     )

@@ -19,13 +19,14 @@ What each rank holds (megatron-core 0.16, ``tensor_parallel/layers.py`` and the 
 * norms are whole on every rank.
 
 Pure tensor reshaping, no ``megatron`` import: tested on a CPU against the unsharded computation.
-The backend does not run tensor parallelism yet (issue #40): this is the mapping it will load and
-export shards with.
+The backend loads its shards with :func:`iter_hf_to_megatron_shard` and reads the whole tensors
+back through :class:`GatheredState` (weight sync, the final model, checkpoints).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -116,3 +117,27 @@ def iter_hf_to_megatron_shard(
         raise MappingError(f"tensor-parallel rank {rank} is not in 0..{tp - 1}")
     for name, tensor in iter_hf_to_megatron(hf_state, arch, flavor):
         yield name, shard(name, tensor, tp, rank)
+
+
+class GatheredState(Mapping):
+    """The whole tensors of a tensor-parallel group's shards (``{megatron_name: shard}``, this rank's),
+    each all-gathered over ``group`` and merged when it is read, one at a time: a weight stream or an
+    export reading it holds one whole tensor beyond its own shards. Reading is a collective: every
+    rank of the group reads the same names in the same order (the HF mapping's order is fixed)."""
+
+    def __init__(self, shards: Mapping[str, torch.Tensor], group: Any):
+        self.shards, self.group = shards, group
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        local = self.shards[name]
+        if split_kind(name) == WHOLE:
+            return local
+        parts = [torch.empty_like(local) for _ in range(torch.distributed.get_world_size(self.group))]
+        torch.distributed.all_gather(parts, local.contiguous(), group=self.group)
+        return merge(name, parts)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.shards)
+
+    def __len__(self) -> int:
+        return len(self.shards)

@@ -1,6 +1,8 @@
-"""The chunked logprobs with a vocabulary-parallel LM head (``vocab_parallel_group``: Megatron-core
-tensor parallelism splits the head by vocabulary rows), under real ``torchrun`` + gloo on 2 ranks.
+"""What the Megatron backend's tensor parallelism computes over its groups itself, under real
+``torchrun`` + gloo on 2 ranks (Megatron-core's own layers need CUDA: test_megatron_tp_gpu.py).
 
+The chunked logprobs with a vocabulary-parallel LM head (``vocab_parallel_group``: Megatron-core
+tensor parallelism splits the head by vocabulary rows).
 Each rank holds half the rows of a float64 head; the logprobs and entropy every rank returns, the
 gradient of the (replicated) hidden states and each rank's gradient of its own rows are compared
 with a float64 reference computed here from the whole ``[N, V]`` logits by ``torch.log_softmax``
@@ -73,3 +75,48 @@ def test_a_vocabulary_parallel_head_gives_the_whole_heads_logprobs_entropy_and_g
         close(out["entropy"], ref_entropy)
         close(out["grad_hidden"], ref_hidden.grad)  # the sum of both ranks' parts, on each
         close(out["grad_rows"], ref_head.grad[rank * 5 : (rank + 1) * 5])
+
+
+GATHER = r"""
+import json, sys
+import torch
+import torch.distributed as dist
+from slime_gb10.grpo.backends.megatron.tensor_parallel import GatheredState, shard
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+whole = {name: torch.tensor(value, dtype=torch.float64) for name, value in json.loads(open(sys.argv[1]).read()).items()}
+mine = {name: shard(name, tensor, 2, rank).clone() for name, tensor in whole.items()}
+read = GatheredState(mine, dist.group.WORLD)
+with open(f"{sys.argv[2]}/gathered{rank}.json", "w") as f:
+    json.dump({"order": list(read), "tensors": {name: read[name].tolist() for name in read}}, f)
+dist.destroy_process_group()
+"""
+
+
+def test_gathered_state_reads_every_split_kind_whole_on_every_rank(tmp_path, torchrun):
+    """Column (QKV), row (the attention output), the GLU's per-rank [gate; up], vocabulary rows and
+    a whole norm: each rank holds its shard (``tensor_parallel.shard``); reading the gathered state
+    gives the whole tensor on both ranks, in the shards' order (weight sync and the final model
+    read it so)."""
+    gen = torch.Generator().manual_seed(1)
+    names = {
+        "embedding.word_embeddings.weight": (8, 3),
+        "decoder.layers.0.self_attention.linear_qkv.weight": (12, 3),
+        "decoder.layers.0.self_attention.linear_proj.weight": (3, 4),
+        "decoder.layers.0.mlp.linear_fc1.weight": (8, 3),
+        "decoder.layers.0.mlp.linear_fc2.weight": (3, 4),
+        "decoder.final_layernorm.weight": (3,),
+    }
+    whole = {name: torch.randn(*shape, generator=gen, dtype=torch.float64) for name, shape in names.items()}
+    spec = tmp_path / "whole.json"
+    spec.write_text(json.dumps({name: t.tolist() for name, t in whole.items()}))
+    script = tmp_path / "gather.py"
+    script.write_text(GATHER)
+    run = torchrun(str(script), str(spec), str(tmp_path), timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+    for rank in range(2):
+        out = json.loads((tmp_path / f"gathered{rank}.json").read_text())
+        assert out["order"] == list(names)
+        for name, tensor in whole.items():
+            assert torch.equal(torch.tensor(out["tensors"][name], dtype=torch.float64), tensor), (rank, name)

@@ -1,0 +1,195 @@
+"""Megatron-core tensor parallelism under torchrun (issue #40): TP=2 against TP=1 on two GPUs, its
+checkpoints (whole tensors: exact resume at TP=2, resharding 2 -> 1) and the whole loop.
+
+Megatron-core's layers place their RoPE table, attention buffers and gradient buffers on CUDA, so
+the layers themselves run on GPUs only (the device's H100s, a two-GPU runner of the flake's GPU
+checks). What the backend computes over a tensor-parallel group itself (the vocabulary-parallel
+logprobs, the gathered weights) is tested on CPUs under gloo in test_tensor_parallel_collectives.py,
+the layout of the shards in test_megatron_tensor_parallel.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import torch
+
+from slime_gb10.grpo.metrics import read_jsonl
+
+HAVE_MEGATRON = importlib.util.find_spec("megatron") is not None and bool(
+    importlib.util.find_spec("megatron.core")
+)
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not HAVE_MEGATRON, reason="megatron-core is not installed (slime-gb10[megatron])"),
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA GPUs"
+    ),
+]
+
+# The same GRPO samples each step; under TP=2 rank 0 rolled out the first three and rank 1 the last
+# (step 2: none and all four), and the group trains on all of them in rank order, as TP=1 does. After
+# step 1 the state is saved as a checkpoint is (every rank calls state_dict, rank 0 writes it) and
+# read back as data into a fresh backend, which takes step 2 again: an exact resume. Mode "reshard":
+# one rank loads the TP=2 state of step 1 and takes step 2.
+SCRIPT = r"""
+import json, os, sys, torch, torch.distributed as dist
+from pathlib import Path
+from transformers import LlamaConfig, LlamaForCausalLM
+from slime_gb10.grpo.backends.megatron.backend import MegatronPolicyBackend
+from slime_gb10.grpo.batching import Sample, collate, update_policy
+from slime_gb10.grpo.config import build_config
+from slime_gb10.grpo.distributed import DistContext
+
+out, mode = Path(sys.argv[1]), sys.argv[2]
+local = int(os.environ["LOCAL_RANK"])
+torch.cuda.set_device(local)
+dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+rank, world = dist.get_rank(), dist.get_world_size()
+ctx = DistContext(rank=rank, world_size=world, local_rank=local, timeout_s=120)
+# adam_eps far above the gradients: the update stays linear in the gradient (test_megatron_dp_gpu.py)
+cfg = build_config(overrides={"train.micro_batch_size": 2, "train.lr": 1e-2, "train.adam_eps": 1e-3,
+                              "algo.entropy_coef": 0.01, "megatron.tensor_parallel_size": world,
+                              "megatron.transformer_impl": "local"})
+hf_config = LlamaConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                        intermediate_size=256, vocab_size=512, tie_word_embeddings=False,
+                        max_position_embeddings=128, initializer_range=0.3)
+
+def backend():
+    torch.manual_seed(0)  # the same weights on every rank and in every run
+    hf = LlamaForCausalLM(hf_config)
+    policy = MegatronPolicyBackend(hf, None, "cuda", train=cfg.train, megatron=cfg.megatron)
+    return policy, {k: v.to(torch.bfloat16) for k, v in hf.state_dict().items()}
+
+def every_sample(step):
+    gen = torch.Generator().manual_seed(step)
+    rows = []
+    for i in range(4):
+        n = 2 + (i + step) % 4
+        completion = torch.randint(0, 512, (n,), generator=gen).tolist()
+        rows.append(Sample([1, 2 + i], completion, [-6.0] * n, float(torch.randn(1, generator=gen)), 1.0,
+                           truncated=False))
+    return rows
+
+def samples(step):  # this rank's rollouts
+    rows = every_sample(step)
+    return rows if world == 1 else {1: [rows[:3], rows[3:]], 2: [[], rows]}[step][rank]
+
+def step(policy, n):
+    metrics, tokens, grad_norm, loss = update_policy(policy, samples(n), cfg, ctx, pad_token_id=0)
+    return {"loss": ctx.sum([loss])[0], "grad_norm": grad_norm, "tokens": ctx.sum([tokens])[0]}
+
+def save(weights, name):
+    if rank == 0:
+        torch.save({k: v.float().cpu() for k, v in weights.items()}, out / name)
+
+if mode == "reshard":
+    b, _ = backend()
+    b.load_state_dict(torch.load(out.parent / "2" / "state.pt", map_location="cpu", weights_only=True))
+    step(b, 2)
+    save(b.hf_state_dict(), "weights.pt")
+    sys.exit(0)
+a, hf = backend()
+start = a.hf_state_dict()  # gathered from the shards: the loaded weights exactly
+batch, _ = collate(every_sample(1), 0)
+logprobs, entropy = a.logprobs(batch, with_entropy=True)
+rows = [step(a, 1)]
+state = a.state_dict()  # a collective under tensor parallelism
+if rank == 0:
+    torch.save(state, out / "state.pt")
+dist.barrier()
+rows.append(step(a, 2))
+b, _ = backend()
+b.load_state_dict(torch.load(out / "state.pt", map_location="cpu", weights_only=True))
+step(b, 2)
+final_a, final_b = a.hf_state_dict(), b.hf_state_dict()
+save(final_a, "weights.pt")
+if rank == 0:
+    torch.save({"logprobs": logprobs.float().cpu(), "entropy": entropy.float().cpu()}, out / "logprobs.pt")
+    (out / "result.json").write_text(json.dumps({
+        "rows": rows, "dp": a.data_parallel_size, "tp": a.tensor_parallel_size,
+        "start_exact": set(start) == set(hf) and all(torch.equal(start[k].cpu(), hf[k]) for k in hf),
+        "resume_exact": all(torch.equal(final_a[k], final_b[k]) for k in final_a),
+        "format": state.get("format"), "saved_tp": state.get("tensor_parallel_size")}))
+dist.destroy_process_group()
+"""
+
+
+def run_script(torchrun, tmp_path, ranks: int, mode: str = "step"):
+    out = tmp_path / (str(ranks) if mode == "step" else mode)
+    out.mkdir()
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    run = torchrun(str(script), str(out), mode, ranks=ranks, timeout=400)
+    assert run.returncode == 0, run.stderr[-5000:]
+    result = json.loads((out / "result.json").read_text()) if mode == "step" else None
+    return result, torch.load(out / "weights.pt", weights_only=True)
+
+
+def test_tensor_parallel_two_takes_the_one_rank_step_resumes_exactly_and_reshards(torchrun, tmp_path):
+    """TP=2 equals TP=1: the weights it exports (gathered from its shards) are the loaded ones bit
+    for bit; logprobs and entropy within BF16 noise (a row-parallel layer sums its ranks' partial
+    BF16 outputs); the loss, the tokens and the gradient norm (Megatron's, over the shards) of two
+    steps to 1e-2; the BF16 weights after two steps within a few BF16 roundings. Its checkpoint
+    holds whole tensors: a fresh TP=2 backend repeats step 2 bit for bit, and one GPU resumes it
+    (2 -> 1) to the TP=2 weights within the same tolerance."""
+    one, w_one = run_script(torchrun, tmp_path, 1)
+    two, w_two = run_script(torchrun, tmp_path, 2)
+    assert (one["tp"], one["dp"], two["tp"], two["dp"]) == (1, 1, 2, 1)
+    assert two["start_exact"] and one["start_exact"]
+    lp_one, lp_two = (torch.load(tmp_path / f"{n}/logprobs.pt", weights_only=True) for n in (1, 2))
+    for key in ("logprobs", "entropy"):
+        torch.testing.assert_close(lp_two[key], lp_one[key], rtol=2e-2, atol=2e-2, msg=key)
+    for a, b in zip(one["rows"], two["rows"], strict=True):
+        assert b["tokens"] == a["tokens"], (one["rows"], two["rows"])  # counted once per group
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-2, abs=1e-4), (one["rows"], two["rows"])
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-2), (one["rows"], two["rows"])
+    assert set(w_one) == set(w_two)
+    for name, value in w_one.items():
+        torch.testing.assert_close(w_two[name], value, rtol=2**-6, atol=1e-3, msg=name)
+    assert (one["resume_exact"], two["resume_exact"]) == (True, True)
+    assert (two["format"], two["saved_tp"]) == ("megatron-whole", 2)
+    _, w_resharded = run_script(torchrun, tmp_path, 1, "reshard")
+    for name, value in w_two.items():
+        torch.testing.assert_close(w_resharded[name], value, rtol=2**-6, atol=1e-3, msg=name)
+
+
+ARGS = ["--rollout", "torch", "--trainer", "megatron", "--prompts-per-step", "4", "--group-size", "4",
+        "--max-new-tokens", "8", "--set", "train.lr=1e-3", "--set", "algo.entropy_coef=0.01",
+        "--set", "algo.skip_zero_variance_groups=false", "--set", "eval.every=0", "--set", "eval.at_end=false",
+        "--set", "output.samples_per_step=0", "--set", "output.checkpoint_every=1",
+        "--set", "megatron.transformer_impl=local", "--set", "megatron.tensor_parallel_size=2",
+        "--set", "train.dist_timeout_s=120", "--no-progress"]  # fmt: skip
+
+
+def test_a_tensor_parallel_run_trains_checkpoints_resumes_and_reshards(torchrun, tmp_path, tokenizer):
+    """The whole loop with TP=2 (a tied head: the embedding's vocabulary rows are the head's): each
+    rank rolls out its half of the prompts, the pair trains on all of them, the weight sync gathers
+    the shards; two steps with a checkpoint each, the run resumed from step 1 to step 3, the final
+    model a Hugging Face directory; the checkpoint of step 1 resumed on one GPU at TP=1."""
+    import shutil
+
+    from slime_gb10.grpo.checkpoint import load_checkpoint
+    from slime_gb10.grpo.models import write_random_model
+
+    model = write_random_model(tmp_path / "model", tokenizer, seed=0)
+    out = tmp_path / "run"
+    first = torchrun("-m", "slime_gb10", "train", "--model", str(model), "--output", str(out), "--steps", "2",
+                     *ARGS, ranks=2, timeout=500)  # fmt: skip
+    assert first.returncode == 0, first.stderr[-5000:]
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    policy, state = load_checkpoint(out / "checkpoints/step-000002")
+    assert state["world_size"] == 2 and policy["format"] == "megatron-whole" and policy["optimizer"]
+    shutil.copytree(out, tmp_path / "alone")
+    resumed = torchrun("-m", "slime_gb10", "train", "--resume", str(out / "checkpoints/step-000001"),
+                       "--set", "train.steps=3", "--no-progress", ranks=2, timeout=500)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-5000:]
+    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]
+    assert (out / "final_model/config.json").is_file()
+    alone = torchrun("-m", "slime_gb10", "train", "--resume", str(tmp_path / "alone/checkpoints/step-000001"),
+                     "--set", "megatron.tensor_parallel_size=1", "--no-progress", ranks=1, timeout=500)  # fmt: skip
+    assert alone.returncode == 0, alone.stderr[-5000:]
+    assert [r["step"] for r in read_jsonl(tmp_path / "alone/metrics.jsonl")] == [1, 2]
