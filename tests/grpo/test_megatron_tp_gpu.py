@@ -55,7 +55,7 @@ cfg = build_config(overrides={"train.micro_batch_size": 2, "train.lr": 1e-2, "tr
                               "megatron.transformer_impl": "local"})
 hf_config = LlamaConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                         intermediate_size=256, vocab_size=512, tie_word_embeddings=False,
-                        max_position_embeddings=128, initializer_range=0.3)
+                        max_position_embeddings=128, initializer_range=0.1)
 
 def backend():
     torch.manual_seed(0)  # the same weights on every rank and in every run
@@ -92,7 +92,8 @@ if mode == "reshard":
     save(b.hf_state_dict(), "weights.pt")
     sys.exit(0)
 a, hf = backend()
-start = a.hf_state_dict()  # gathered from the shards: the loaded weights exactly
+# gathered from the shards: the loaded weights exactly (cloned: a whole tensor may be the parameter itself)
+start = {k: v.clone() for k, v in a.hf_state_dict().items()}
 batch, _ = collate(every_sample(1), 0)
 logprobs, entropy = a.logprobs(batch, with_entropy=True)
 rows = [step(a, 1)]
@@ -110,7 +111,8 @@ if rank == 0:
     torch.save({"logprobs": logprobs.float().cpu(), "entropy": entropy.float().cpu()}, out / "logprobs.pt")
     (out / "result.json").write_text(json.dumps({
         "rows": rows, "dp": a.data_parallel_size, "tp": a.tensor_parallel_size,
-        "start_exact": set(start) == set(hf) and all(torch.equal(start[k].cpu(), hf[k]) for k in hf),
+        "start_differs": sorted(set(start) ^ set(hf)) + [k for k in hf if k in start and not torch.equal(
+            start[k].cpu(), hf[k])],
         "resume_exact": all(torch.equal(final_a[k], final_b[k]) for k in final_a),
         "format": state.get("format"), "saved_tp": state.get("tensor_parallel_size")}))
 dist.destroy_process_group()
@@ -130,30 +132,44 @@ def run_script(torchrun, tmp_path, ranks: int, mode: str = "step"):
 
 def test_tensor_parallel_two_takes_the_one_rank_step_resumes_exactly_and_reshards(torchrun, tmp_path):
     """TP=2 equals TP=1: the weights it exports (gathered from its shards) are the loaded ones bit
-    for bit; logprobs and entropy within BF16 noise (a row-parallel layer sums its ranks' partial
-    BF16 outputs); the loss, the tokens and the gradient norm (Megatron's, over the shards) of two
-    steps to 1e-2; the BF16 weights after two steps within a few BF16 roundings. Its checkpoint
-    holds whole tensors: a fresh TP=2 backend repeats step 2 bit for bit, and one GPU resumes it
-    (2 -> 1) to the TP=2 weights within the same tolerance."""
+    for bit; logprobs and entropy within BF16 noise; the tokens of two steps exactly, the loss and
+    the gradient norm (Megatron's, over the shards) and the BF16 weights after two steps within it.
+    Its checkpoint holds whole tensors: a fresh TP=2 backend repeats step 2 bit for bit, and one GPU
+    resumes it (2 -> 1) to the TP=2 weights within the same noise.
+
+    The noise: a row-parallel layer sums its ranks' partial BF16 outputs, so the two differ in BF16
+    roundings, and the model must be one whose gradient those do not swing. With initializer_range
+    0.3 (logprobs down to -16, saturated attention) the first run of this test on 2 x H200 gave
+    logprobs within 0.016 on average, the loss within 3%, the gradient norm 22% apart (1.83 against
+    2.33); on a CPU the HF model of that config moves its gradient norm by 16% when each weight moves
+    by one BF16 rounding, by 0.7% at initializer_range 0.1 (0.5% at 0.02), where logprobs still
+    spread (-6.8 on average against -6.24 for uniform). A shard in the wrong place moves logprobs by
+    tenths of a nat here; a missing (or double) sum of the hidden states' gradient over the pair
+    moves the gradient norm by tens of percent: both outside the bounds below."""
     one, w_one = run_script(torchrun, tmp_path, 1)
     two, w_two = run_script(torchrun, tmp_path, 2)
     assert (one["tp"], one["dp"], two["tp"], two["dp"]) == (1, 1, 2, 1)
-    assert two["start_exact"] and one["start_exact"]
+    assert (one["start_differs"], two["start_differs"]) == ([], [])
     lp_one, lp_two = (torch.load(tmp_path / f"{n}/logprobs.pt", weights_only=True) for n in (1, 2))
     for key in ("logprobs", "entropy"):
-        torch.testing.assert_close(lp_two[key], lp_one[key], rtol=2e-2, atol=2e-2, msg=key)
+        diff = (lp_two[key] - lp_one[key]).abs()
+        print(key, "max diff", float(diff.max()), "mean diff", float(diff.mean()))
+        assert float(diff.mean()) < 0.01 and float(diff.max()) < 0.05, key
+    print("rows", one["rows"], two["rows"])
     for a, b in zip(one["rows"], two["rows"], strict=True):
         assert b["tokens"] == a["tokens"], (one["rows"], two["rows"])  # counted once per group
-        assert b["loss"] == pytest.approx(a["loss"], rel=1e-2, abs=1e-4), (one["rows"], two["rows"])
-        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-2), (one["rows"], two["rows"])
+        assert b["loss"] == pytest.approx(a["loss"], rel=2e-2, abs=1e-4), (one["rows"], two["rows"])
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=2e-2), (one["rows"], two["rows"])
     assert set(w_one) == set(w_two)
+    worst = max(float((w_two[k] - v).abs().max()) for k, v in w_one.items())
+    print("weights max diff after two steps", worst)
     for name, value in w_one.items():
-        torch.testing.assert_close(w_two[name], value, rtol=2**-6, atol=1e-3, msg=name)
+        torch.testing.assert_close(w_two[name], value, rtol=2**-6, atol=2e-3, msg=name)
     assert (one["resume_exact"], two["resume_exact"]) == (True, True)
     assert (two["format"], two["saved_tp"]) == ("megatron-whole", 2)
     _, w_resharded = run_script(torchrun, tmp_path, 1, "reshard")
     for name, value in w_two.items():
-        torch.testing.assert_close(w_resharded[name], value, rtol=2**-6, atol=1e-3, msg=name)
+        torch.testing.assert_close(w_resharded[name], value, rtol=2**-6, atol=2e-3, msg=name)
 
 
 ARGS = ["--rollout", "torch", "--trainer", "megatron", "--prompts-per-step", "4", "--group-size", "4",

@@ -240,8 +240,9 @@ class MegatronPolicyBackend(PolicyBackend):
         return state if self.tp_group is None else GatheredState(state, self.tp_group)
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """The current weights under Hugging Face names (contiguous copies of the split views); a
-        collective under tensor parallelism."""
+        """The current weights under Hugging Face names: the parameters themselves where a name maps to
+        one whole, contiguous copies of split views (clone to keep them past a step); a collective
+        under tensor parallelism."""
         return megatron_to_hf(self._whole_state(), self.arch, self.flavor)
 
     def full_model_state(self) -> dict[str, torch.Tensor] | None:
