@@ -138,14 +138,16 @@ def test_tensor_parallel_two_takes_the_one_rank_step_resumes_exactly_and_reshard
     resumes it (2 -> 1) to the TP=2 weights within the same noise.
 
     The noise: a row-parallel layer sums its ranks' partial BF16 outputs, so the two differ in BF16
-    roundings, and the model must be one whose gradient those do not swing. With initializer_range
-    0.3 (logprobs down to -16, saturated attention) the first run of this test on 2 x H200 gave
-    logprobs within 0.016 on average, the loss within 3%, the gradient norm 22% apart (1.83 against
-    2.33); on a CPU the HF model of that config moves its gradient norm by 16% when each weight moves
-    by one BF16 rounding, by 0.7% at initializer_range 0.1 (0.5% at 0.02), where logprobs still
-    spread (-6.8 on average against -6.24 for uniform). A shard in the wrong place moves logprobs by
-    tenths of a nat here; a missing (or double) sum of the hidden states' gradient over the pair
-    moves the gradient norm by tens of percent: both outside the bounds below."""
+    roundings, and the model must be one whose gradient those do not swing. The first run of this
+    test (2 x H200, initializer_range 0.3: logprobs down to -16) gave logprobs within 0.016 on
+    average, the loss within 3% and the gradient norm 22% apart (1.83 against 2.33): Megatron's
+    optimizer was leaving rank 1's shards out of the norm (``model.mark_tensor_parallel``, found in
+    review, tested on a CPU in test_tensor_parallel_collectives.py); and that model is
+    ill-conditioned besides: on a CPU its gradient norm moves 16% when each weight moves by one
+    BF16 rounding, 0.7% at initializer_range 0.1 (used here), where logprobs still spread (-6.8 on
+    average against -6.24 for uniform). A shard in the wrong place moves logprobs by tenths of a nat
+    here; a missing (or double) sum over the pair moves the gradient norm by tens of percent: both
+    outside the bounds below."""
     one, w_one = run_script(torchrun, tmp_path, 1)
     two, w_two = run_script(torchrun, tmp_path, 2)
     assert (one["tp"], one["dp"], two["tp"], two["dp"]) == (1, 1, 2, 1)

@@ -133,6 +133,10 @@ def test_reference_model_and_megatron_bytes():
     assert split.parts["trainer weights"] == 6 * n // 2 and split.parts["AdamW states"] == 8 * n // 2
     assert split.parts["gradients"] == 4 * n // 2 and split.parts["reference model"] == 2 * n // 2
     assert split.parts["rollout weights"] == megatron.parts["rollout weights"]  # the engine's whole copy
+    # the heads', MLP's and vocabulary's activations are split too, the hidden-wide ones are not
+    # (a group trains on both its ranks' rows: the micro-batch of one rank holding all the prompts)
+    tp1 = mp.estimate(config(**{"algo.ref_kl_metric": True}), llama(), device="cuda", trainer="megatron")
+    assert tp1.parts["activations"] / 2 < split.parts["activations"] < tp1.parts["activations"]
 
 
 def test_a_distributed_optimizers_checkpoint_gathers_onto_rank_0s_host_memory():

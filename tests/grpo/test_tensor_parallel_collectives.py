@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 SCRIPT = r"""
 import json, sys
+import pytest
 import torch
 import torch.distributed as dist
 from slime_gb10.grpo.logprobs import chunked_logprobs_entropy
@@ -79,6 +81,7 @@ def test_a_vocabulary_parallel_head_gives_the_whole_heads_logprobs_entropy_and_g
 
 GATHER = r"""
 import json, sys
+import pytest
 import torch
 import torch.distributed as dist
 from slime_gb10.grpo.backends.megatron.tensor_parallel import GatheredState, shard
@@ -120,3 +123,63 @@ def test_gathered_state_reads_every_split_kind_whole_on_every_rank(tmp_path, tor
         assert out["order"] == list(names)
         for name, tensor in whole.items():
             assert torch.equal(torch.tensor(out["tensors"][name], dtype=torch.float64), tensor), (rank, name)
+
+
+MARKS = r"""
+import json, sys
+import pytest
+import torch
+import torch.distributed as dist
+from transformers import LlamaConfig
+from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+from slime_gb10.grpo.backends.megatron.model import build_gpt_model, init_parallel
+
+dist.init_process_group("gloo")
+assert init_parallel(0, 120, tensor_parallel_size=2) == 1
+config = LlamaConfig(**json.loads(open(sys.argv[1]).read()))
+model, _, _ = build_gpt_model(config, flavor="local", device="cpu", tensor_parallel_size=2)
+rows = {name: {"shape": list(p.shape), "parallel": getattr(p, "tensor_model_parallel", None),
+               "dim": getattr(p, "partition_dim", None), "counted": param_is_not_tensor_parallel_duplicate(p)}
+        for name, p in model.named_parameters()}
+with open(f"{sys.argv[2]}/marks{dist.get_rank()}.json", "w") as f:
+    json.dump(rows, f)
+dist.destroy_process_group()
+"""
+
+
+def test_megatron_layers_at_tp_2_hold_the_shards_of_our_layout_and_are_marked_split(tmp_path, torchrun):
+    """Megatron-core's own GPT model at tensor-parallel size 2 (its local layers, built on a CPU
+    under gloo: construction needs no CUDA): every parameter has the shape of the shard our layout
+    (``tensor_parallel.shard``) gives its rank, and every split parameter carries Megatron's marks
+    (split, along rows or columns), so that its optimizer counts each rank's shard in the gradient
+    norm and a whole one (a norm) once. Megatron sets the marks only while it initialises weights,
+    which this backend skips: unmarked, the gradient norm of a TP=2 run left out rank 1's shards."""
+    pytest.importorskip("megatron.core")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from slime_gb10.grpo.backends.megatron.mapping import DecoderArch, hf_to_megatron
+    from slime_gb10.grpo.backends.megatron.tensor_parallel import ROW, WHOLE, shard, split_kind
+
+    sizes = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=48, vocab_size=64, tie_word_embeddings=False, max_position_embeddings=64)  # fmt: skip
+    spec = tmp_path / "config.json"
+    spec.write_text(json.dumps(sizes))
+    script = tmp_path / "marks.py"
+    script.write_text(MARKS)
+    run = torchrun(str(script), str(spec), str(tmp_path), timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+    config = LlamaConfig(**sizes)
+    whole = hf_to_megatron(LlamaForCausalLM(config).state_dict(), DecoderArch.from_hf_config(config), "local")
+    for rank in range(2):
+        rows = json.loads((tmp_path / f"marks{rank}.json").read_text())
+        assert set(rows) == set(whole)
+        for name, row in rows.items():
+            kind = split_kind(name)
+            assert row["shape"] == list(shard(name, whole[name], 2, rank).shape), name
+            if kind == WHOLE:
+                assert not row["parallel"] and row["counted"] == (rank == 0), (rank, name, row)
+            else:
+                assert row["parallel"] and row["dim"] == (1 if kind == ROW else 0) and row["counted"], (
+                    rank,
+                    name,
+                )

@@ -332,7 +332,8 @@ def chunked_logprobs_entropy(
         raise ValueError(f"lm_head_bias {tuple(lm_head_bias.shape)} must be [V] = [{vocab}]")
     mm = matmul_dtype(hidden, lm_head_weight)
     targets = targets.long()
-    whole = vocab * (torch.distributed.get_world_size(vocab_parallel_group) if vocab_parallel_group else 1)
+    group = vocab_parallel_group
+    whole = vocab * (torch.distributed.get_world_size(group) if group is not None else 1)
     if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= whole):
         raise ValueError(
             f"targets must be token ids in [0, {whole}); got min {int(targets.min())} max {int(targets.max())}"

@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -378,7 +378,8 @@ def estimate(
         else config.model.gradient_checkpointing
     )
     compiled = train.compile if train.compile is not None else gpu and not config.model.gradient_checkpointing
-    per_minibatch = max(1, math.ceil(rows / train.minibatches))
+    tp = config.megatron.tensor_parallel_size if trainer == "megatron" else 1
+    per_minibatch = max(1, math.ceil(rows * tp / train.minibatches))  # a TP group trains on its ranks' rows
     mb_rows = min(train.micro_batch_size, per_minibatch)
     seq = width + roll.max_new_tokens
     with_reference = algo.beta > 0 or algo.ref_kl_metric
@@ -395,9 +396,9 @@ def estimate(
         (2 if bf16_gathers else 4) * (2 * outer + 3 * (n - outer) // max(1, s.layers)) if shards > 1 else 0
     )
     zero1 = world_size if trainer == "megatron" and config.megatron.use_distributed_optimizer else 1  # ZeRO-1
-    # Megatron tensor parallelism: each rank holds 1/tp of the weights, gradients and moments (the
-    # norms whole, a rounding here); its activations are counted whole (no sequence parallelism)
-    tp = config.megatron.tensor_parallel_size if trainer == "megatron" else 1
+    # Megatron tensor parallelism: a rank holds 1/tp of the weights, gradients and moments (norms whole, a
+    # rounding) and of the heads', MLP's and vocabulary's activations (r: its shapes; no sequence parallelism)
+    r = replace(s, **{k: getattr(s, k) // tp for k in ("heads", "kv_heads", "intermediate", "vocab")})
     resident = {
         "trainer weights": trainer_weight_bytes(n, trainer, zero1) // shards // tp,
         "AdamW states": adamw_bytes(n) // shards // zero1 // tp,
@@ -412,11 +413,11 @@ def estimate(
     training = {
         "gradients": gradient_bytes(n) // shards // tp,
         "activations": activation_bytes(
-            s, mb_rows, seq, autocast=autocast or (trainer == "megatron" and gpu), checkpointing=checkpointing
+            r, mb_rows, seq, autocast=autocast or (trainer == "megatron" and gpu), checkpointing=checkpointing
         ),
         "BF16 weight casts": 0 if bf16_gathers else weight_cast_bytes(s, n, autocast),
         "logprob head": logprob_head_bytes(
-            s,
+            r,
             mb_rows * roll.max_new_tokens,
             autocast=autocast,
             compiled=bool(compiled) and trainer == "torch",
@@ -428,8 +429,7 @@ def estimate(
     # rank 0's host memory (12 N, whatever the world size) beside the gradient buffer; on a GB10 that
     # memory is the GPU's
     gather = {"gradients": gradient_bytes(n), "checkpoint gather (rank 0)": 12 * n}
-    # tensor parallelism: the whole BF16 weights, FP32 main weights and moments (tp_checkpoint.py)
-    whole = {"gradients": gradient_bytes(n) // tp, "checkpoint gather (rank 0)": 14 * n}
+    whole = {"gradients": gradient_bytes(n) // tp, "checkpoint gather (rank 0)": 14 * n}  # TP: + BF16 weights
     saving = (gather if zero1 > 1 else whole if tp > 1 else {}) if host_memory else {}
     phases = [("training step", training), ("rollout", rolling), ("checkpoint save", saving)]
     (phase, peak), (_, other) = sorted(phases, key=lambda p: -sum(p[1].values()))[:2]

@@ -274,14 +274,15 @@ class MegatronPolicyBackend(PolicyBackend):
         return self.use_distributed_optimizer or self.tp_group is not None
 
     def state_dict(self) -> dict | None:
+        """Weights, optimizer and schedule. The distributed optimizer's ``state_dict`` holds no
+        parameter state (Megatron saves it apart): its master weights and Adam moments come
+        gathered in Megatron's "dp_zero" layout, whole on rank 0 (None elsewhere), which
+        :meth:`load_state_dict` scatters over any number of ranks. Under tensor parallelism:
+        :func:`.tp_checkpoint.whole_state`."""
         if self.tp_group is not None:
             from slime_gb10.grpo.backends.megatron.tp_checkpoint import whole_state
 
             return whole_state(self)
-        """Weights, optimizer and schedule. The distributed optimizer's ``state_dict`` holds no
-        parameter state (Megatron saves it apart): its master weights and Adam moments come
-        gathered in Megatron's "dp_zero" layout, whole on rank 0 (None elsewhere), which
-        :meth:`load_state_dict` scatters over any number of ranks."""
         # Adam's state appears at the first update, on every rank at once: before it (a checkpoint
         # after a step with no trainable sample anywhere) Megatron's distributed optimizer cannot
         # describe itself, and there is nothing of it to save
