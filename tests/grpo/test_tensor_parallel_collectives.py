@@ -183,3 +183,93 @@ def test_megatron_layers_at_tp_2_hold_the_shards_of_our_layout_and_are_marked_sp
                     rank,
                     name,
                 )
+
+
+# Megatron-core 0.16 moves RoPE's frequency table to ``torch.cuda.current_device()`` at the first
+# forward and forks a CUDA RNG stream around attention dropout (0 here); no CUDA exists on a CPU, so
+# the table stays where it is and nothing forks. Everything computed is Megatron's own layers.
+TP_STEP = r"""
+import contextlib, json, sys
+import torch
+import torch.distributed as dist
+torch.cuda.current_device = lambda: "cpu"
+from megatron.core.tensor_parallel import random as megatron_random
+megatron_random.CudaRNGStatesTracker.fork = lambda self, name=None: contextlib.nullcontext()
+from megatron.core import parallel_state
+from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from slime_gb10.grpo.backends.megatron.model import build_gpt_model, init_parallel, load_hf_weights, token_logprobs
+from slime_gb10.grpo.backends.megatron.tensor_parallel import GatheredState
+from slime_gb10.grpo.interfaces import TokenBatch
+
+dist.init_process_group("gloo")
+rank, tp = dist.get_rank(), dist.get_world_size()
+init_parallel(0, 120, tensor_parallel_size=tp)
+group = parallel_state.get_tensor_model_parallel_group() if tp > 1 else None
+out = {}
+for name, cls, config in [
+    ("qwen2", Qwen2ForCausalLM, Qwen2Config(hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=80, vocab_size=96, tie_word_embeddings=False)),
+    ("llama-tied", LlamaForCausalLM, LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=48, vocab_size=64, tie_word_embeddings=True)),
+]:
+    torch.manual_seed(0)
+    hf = cls(config)
+    with torch.no_grad():  # non-trivial norms and biases
+        for key, p in hf.named_parameters():
+            if "norm" in key or key.endswith("bias"):
+                p.copy_(1 + 0.3 * torch.randn(p.shape) if "norm" in key else 0.3 * torch.randn(p.shape))
+    model, arch, flavor = build_gpt_model(config, flavor="local", device="cpu", params_dtype=torch.float32,
+                                          tensor_parallel_size=tp)
+    load_hf_weights(model, hf.state_dict(), arch, flavor, (tp, rank))
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, config.vocab_size, (3, 12), generator=gen)
+    attention = torch.ones_like(ids)
+    attention[1, 9:] = 0
+    completion = attention.float()
+    completion[:, :4] = 0
+    batch = TokenBatch(input_ids=ids, attention_mask=attention, completion_mask=completion)
+    logprobs, entropy = token_logprobs(model, batch, temperature=0.8, with_entropy=True)
+    weights = torch.randn(2, *ids.shape, generator=gen)
+    ((logprobs * weights[0]).sum() + (entropy * weights[1]).sum()).backward()
+    grads = {key: p.grad for key, p in model.named_parameters()}
+    whole = GatheredState(grads, group) if group is not None else grads
+    squares = sum(float((p.grad.double() ** 2).sum()) for p in model.parameters()
+                  if param_is_not_tensor_parallel_duplicate(p))
+    total = torch.tensor([squares], dtype=torch.float64)
+    if group is not None:
+        dist.all_reduce(total, group=group)
+    out[name] = {"logprobs": logprobs.tolist(), "entropy": entropy.tolist(), "norm": float(total.sqrt()),
+                 "grads": {key: whole[key].tolist() for key in grads}}
+if rank == 0:
+    with open(f"{sys.argv[1]}/tp{tp}.json", "w") as f:
+        json.dump(out, f)
+dist.destroy_process_group()
+"""
+
+
+def test_megatron_tp_2_takes_the_tp_1_forward_and_backward_on_a_cpu(tmp_path, torchrun):
+    """TP=2 equals TP=1 with Megatron-core's own layers (local spec, float32, on CPUs under gloo): the
+    logprobs and entropies of a right-padded batch (through this backend's vocabulary-parallel head),
+    every parameter's gradient (gathered from the pair's shards) and the gradient norm as Megatron's
+    optimizer counts it (each split parameter on every rank, a whole one once), for a model with QKV
+    biases and an untied head (Qwen2) and one with a tied head (Llama), to float32 rounding. Megatron's
+    DDP and optimizer keep their buffers on CUDA: the step through them is test_megatron_tp_gpu.py."""
+    pytest.importorskip("megatron.core")
+    script = tmp_path / "tp_step.py"
+    script.write_text(TP_STEP)
+    for ranks in (1, 2):
+        run = torchrun(str(script), str(tmp_path), ranks=ranks, timeout=300)
+        assert run.returncode == 0, run.stderr[-4000:]
+    one, two = (json.loads((tmp_path / f"tp{n}.json").read_text()) for n in (1, 2))
+    for model in ("qwen2", "llama-tied"):
+        a, b = one[model], two[model]
+        for key in ("logprobs", "entropy"):
+            torch.testing.assert_close(
+                torch.tensor(b[key]), torch.tensor(a[key]), rtol=1e-5, atol=1e-5, msg=key
+            )
+        assert b["norm"] == pytest.approx(a["norm"], rel=1e-5)
+        assert set(a["grads"]) == set(b["grads"])
+        for key, grad in a["grads"].items():
+            torch.testing.assert_close(torch.tensor(b["grads"][key]), torch.tensor(grad), rtol=1e-4, atol=1e-5,
+                                       msg=f"{model} {key}")  # fmt: skip
