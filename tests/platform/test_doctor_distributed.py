@@ -76,6 +76,12 @@ def test_nccl_between_boxes_without_an_active_rdma_device_warns(monkeypatch, loc
         "; a Megatron data-parallel step (--trainer megatron) >= 4.00 s per billion (its FP32 gradient "
         "all-reduce; 3.00 s with megatron.use_distributed_optimizer: an FP32 reduce-scatter and a BF16 all-gather)"
     )
+    # tensor parallelism: 4 all-reduces of 2 bytes a token-channel, 2 x 3/4 of them through each rank's
+    # links: 12 bytes, 8 s per billion at 1.5 GB/s
+    reason += (
+        "; Megatron tensor parallelism over the 4 ranks (megatron.tensor_parallel_size=4) >= 8.00 s per billion "
+        "token-channels (trained tokens x layers x hidden size: four BF16 activation all-reduces per layer)"
+    )
     assert result.status == status and result.details["busbw_gbps"] == 1.5
     if status == "warn":
         caveat = "no active RDMA device, so NCCL between the boxes runs over TCP sockets"

@@ -67,6 +67,16 @@ def megatron_seconds_per_billion(world: int, busbw_gbps: float, distributed_opti
     return moved / busbw_gbps
 
 
+def megatron_tp_seconds_per_billion(world: int, busbw_gbps: float) -> float:
+    """Seconds of all-reduces that Megatron-core's tensor parallelism over ``world`` ranks needs per
+    billion token-channels (trained tokens x layers x hidden size): per layer and token, a BF16
+    activation of the hidden size is all-reduced after the attention and after the MLP in the
+    forward, and their input gradients in the backward (no sequence parallelism): 4 x 2 bytes, of
+    which an all-reduce puts 2 (n - 1) / n through each rank's links. Every micro-batch, every layer:
+    the traffic grows with the tokens trained, not with the parameters."""
+    return 4 * 2 * 2 * (world - 1) / world / busbw_gbps
+
+
 def _active(device: dict) -> bool:
     return any("ACTIVE" in port["state"] for port in device["ports"])
 
@@ -111,6 +121,9 @@ def check_distributed(ctx: DoctorContext) -> CheckResult:
         f"{megatron_seconds_per_billion(world, data['busbw_gbps'], False):.2f} s per billion (its FP32 gradient "
         f"all-reduce; {megatron_seconds_per_billion(world, data['busbw_gbps'], True):.2f} s with "
         "megatron.use_distributed_optimizer: an FP32 reduce-scatter and a BF16 all-gather)"
+        f"; Megatron tensor parallelism over the {world} ranks (megatron.tensor_parallel_size={world}) >= "
+        f"{megatron_tp_seconds_per_billion(world, data['busbw_gbps']):.2f} s per billion token-channels "
+        "(trained tokens x layers x hidden size: four BF16 activation all-reduces per layer)"
     )
     multi_node = world > int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     sockets = multi_node and data["backend"] == "nccl" and not any(_active(d) for d in devices)
