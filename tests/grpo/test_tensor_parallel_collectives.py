@@ -273,3 +273,99 @@ def test_megatron_tp_2_takes_the_tp_1_forward_and_backward_on_a_cpu(tmp_path, to
         for key, grad in a["grads"].items():
             torch.testing.assert_close(torch.tensor(b["grads"][key]), torch.tensor(grad), rtol=1e-4, atol=1e-5,
                                        msg=f"{model} {key}")  # fmt: skip
+
+
+# The checkpoint of tensor-parallel state (backends/megatron/tp_checkpoint.py) around Megatron's own
+# GPT model at TP=2 (built on CPUs). Megatron's mixed-precision optimizer insists on CUDA tensors, so
+# its place is taken by the structure tp_checkpoint reads from it (float16_groups, their FP32 main
+# copies, the torch optimizer holding Adam's state, reload_model_params): a real torch AdamW over
+# FP32 copies, two steps of gradients that are shards of one whole gradient per parameter.
+TP_CHECKPOINT = r"""
+import json, sys, types, zlib
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from transformers import LlamaConfig, LlamaForCausalLM
+from slime_gb10.grpo.backends.megatron import tp_checkpoint
+from slime_gb10.grpo.backends.megatron.model import build_gpt_model, init_parallel, load_hf_weights
+from slime_gb10.grpo.backends.megatron.tensor_parallel import shard
+
+out, mode = sys.argv[1], sys.argv[2]
+dist.init_process_group("gloo")
+rank, tp = dist.get_rank(), dist.get_world_size()
+init_parallel(0, 120, tensor_parallel_size=tp)
+config = LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                     intermediate_size=48, vocab_size=64, tie_word_embeddings=False)
+torch.manual_seed(0)
+hf = LlamaForCausalLM(config)
+model, arch, flavor = build_gpt_model(config, flavor="local", device="cpu", params_dtype=torch.float32,
+                                      tensor_parallel_size=tp)
+load_hf_weights(model, hf.state_dict(), arch, flavor, (tp, rank))
+params = list(model.named_parameters())
+mains = [p.detach().clone() for _, p in params]
+decay = [m for (n, _), m in zip(params, mains) if not n.endswith("norm.weight")]
+adam = torch.optim.AdamW([{"params": decay, "wd_mult": 1.0}, {"params": [m for m in mains if all(m is not d for d in decay)], "wd_mult": 0.0}], lr=1e-2)
+
+class Optimizer:  # what tp_checkpoint reads of Float16OptimizerWithFloat16Params
+    float16_groups = [[p for _, p in params]]
+    fp32_from_float16_groups = [mains]
+    fp32_from_fp32_groups = [[]]
+    optimizer = adam
+    def reload_model_params(self):
+        for (_, p), m in zip(params, mains):
+            m.data.copy_(p.data)
+
+backend = types.SimpleNamespace(model=model, tp_group=parallel_state.get_tensor_model_parallel_group(),
+    tensor_parallel_size=tp, tensor_parallel_rank=rank, data_parallel_rank=0, use_distributed_optimizer=False,
+    flavor=flavor, steps_done=0, _optimizers=lambda: [Optimizer()])
+if mode == "save":
+    for step in range(2):
+        for (name, p), m in zip(params, mains):
+            gen = torch.Generator().manual_seed(zlib.crc32(f"{name} {step}".encode()))
+            full = torch.randn(*[s * (tp if i == getattr(p, "partition_dim", -1) else 1) for i, s in enumerate(p.shape)], generator=gen)
+            m.grad = shard(name, full, tp, rank).clone()
+        adam.step()
+        with torch.no_grad():
+            for (_, p), m in zip(params, mains):
+                p.copy_(m)
+    backend.steps_done = 2
+    state = tp_checkpoint.whole_state(backend)
+    if rank == 0:
+        torch.save(state, f"{out}/state.pt")
+    dist.barrier()
+else:
+    tp_checkpoint.load_whole_state(backend, torch.load(f"{out}/state.pt", weights_only=True))
+mine = {"steps_done": backend.steps_done, "groups": [g.get("wd_mult") for g in adam.param_groups],
+        "tensors": {name: {"param": p.tolist(), "main": m.tolist(),
+                           **{k: (v.tolist() if v.dim() else float(v)) for k, v in adam.state[m].items()}}
+                    for (name, p), m in zip(params, mains)}}
+with open(f"{out}/{mode}-{tp}-{rank}.json", "w") as f:
+    json.dump(mine, f)
+dist.destroy_process_group()
+"""
+
+
+def test_a_tensor_parallel_checkpoint_resumes_exactly_and_at_tp_1(tmp_path, torchrun):
+    """Two ranks' weights, FP32 main weights and Adam moments (after two steps) saved as whole
+    tensors through the pair's gathers, onto rank 0's file: read back by two fresh ranks, each gets
+    its own shards bit for bit, Adam's step and the parameter groups' settings; read back by one
+    rank, it gets the whole tensors, which are the pair's shards merged (resharding 2 -> 1)."""
+    pytest.importorskip("megatron.core")
+    from slime_gb10.grpo.backends.megatron.tensor_parallel import merge
+
+    script = tmp_path / "tp_checkpoint.py"
+    script.write_text(TP_CHECKPOINT)
+    for ranks, mode in ((2, "save"), (2, "load"), (1, "load")):
+        run = torchrun(str(script), str(tmp_path), mode, ranks=ranks, timeout=300)
+        assert run.returncode == 0, run.stderr[-4000:]
+    saved = [json.loads((tmp_path / f"save-2-{r}.json").read_text()) for r in range(2)]
+    loaded = [json.loads((tmp_path / f"load-2-{r}.json").read_text()) for r in range(2)]
+    alone = json.loads((tmp_path / "load-1-0.json").read_text())
+    for before, after in zip(saved, loaded, strict=True):
+        assert after == before  # bit for bit (JSON floats of float32 values round-trip exactly)
+    assert saved[0]["steps_done"] == alone["steps_done"] == 2 and saved[0]["groups"] == alone["groups"]
+    for name, whole in alone["tensors"].items():
+        assert whole["step"] == saved[0]["tensors"][name]["step"] == 2.0
+        for key in ("param", "main", "exp_avg", "exp_avg_sq"):
+            shards = [torch.tensor(s["tensors"][name][key]) for s in saved]
+            assert torch.equal(torch.tensor(whole[key]), merge(name, shards)), (name, key)
