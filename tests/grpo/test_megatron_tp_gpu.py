@@ -1,11 +1,11 @@
 """Megatron-core tensor parallelism under torchrun (issue #40): TP=2 against TP=1 on two GPUs, its
 checkpoints (whole tensors: exact resume at TP=2, resharding 2 -> 1) and the whole loop.
 
-Megatron-core's layers place their RoPE table, attention buffers and gradient buffers on CUDA, so
-the layers themselves run on GPUs only (the device's H100s, a two-GPU runner of the flake's GPU
-checks). What the backend computes over a tensor-parallel group itself (the vocabulary-parallel
-logprobs, the gathered weights) is tested on CPUs under gloo in test_tensor_parallel_collectives.py,
-the layout of the shards in test_megatron_tensor_parallel.py.
+Megatron-core's DDP and mixed-precision optimizer keep their buffers on CUDA, so the step through
+them runs on GPUs only (the device's, a two-GPU runner of the flake's GPU checks). Megatron's layers
+at TP=2 against TP=1 (forward, backward, gradient norm), the vocabulary-parallel logprobs, the
+gathered weights and the checkpoint format are tested on CPUs under gloo in
+test_tensor_parallel_collectives.py, the layout of the shards in test_megatron_tensor_parallel.py.
 """
 
 from __future__ import annotations

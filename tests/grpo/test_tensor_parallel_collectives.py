@@ -1,13 +1,15 @@
-"""What the Megatron backend's tensor parallelism computes over its groups itself, under real
-``torchrun`` + gloo on 2 ranks (Megatron-core's own layers need CUDA: test_megatron_tp_gpu.py).
+"""Megatron-core tensor parallelism on CPUs, under real ``torchrun`` + gloo on 2 ranks: what the
+backend computes over a tensor-parallel group itself (the vocabulary-parallel logprobs, the gathered
+weights, checkpoints of whole tensors) and Megatron-core's own layers at TP=2 against TP=1 (forward,
+backward, the gradient norm as its optimizer counts it, the marks that count it). Megatron's DDP and
+mixed-precision optimizer keep their buffers on CUDA: the step through them, and the whole loop,
+are test_megatron_tp_gpu.py.
 
-The chunked logprobs with a vocabulary-parallel LM head (``vocab_parallel_group``: Megatron-core
-tensor parallelism splits the head by vocabulary rows).
-Each rank holds half the rows of a float64 head; the logprobs and entropy every rank returns, the
-gradient of the (replicated) hidden states and each rank's gradient of its own rows are compared
-with a float64 reference computed here from the whole ``[N, V]`` logits by ``torch.log_softmax``
-(an independent implementation), at a temperature, with vocabulary chunks that do not divide a
-rank's rows, and targets on both ranks.
+The vocabulary-parallel logprobs: each rank holds half the rows of a float64 head; the logprobs and
+entropy every rank returns, the gradient of the (replicated) hidden states and each rank's gradient
+of its own rows are compared with a float64 reference computed here from the whole ``[N, V]``
+logits by ``torch.log_softmax`` (an independent implementation), at a temperature, with vocabulary
+chunks that do not divide a rank's rows, and targets on both ranks.
 """
 
 from __future__ import annotations
