@@ -236,6 +236,19 @@ def test_a_batch_that_does_not_divide_over_the_ranks_is_refused_before_loading(m
     assert "Loading weights" not in bad.stderr and not (tmp_path / "bad").exists()
 
 
+def test_tensor_parallelism_on_one_process_is_refused_with_the_launch_line(model_dir, tmp_path):
+    """``megatron.tensor_parallel_size=2`` without torchrun: one line naming the launch, exit
+    non-zero, before any weights load (the check needs no GPU: it runs before the backend)."""
+    bad = train(model_dir, tmp_path / "bad", "--steps", "1", "--trainer", "megatron", "--set",
+                "megatron.tensor_parallel_size=2")  # fmt: skip
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
+    assert (
+        "1 rank(s) do not divide into tensor-parallel groups of megatron.tensor_parallel_size=2" in bad.stderr
+    )
+    assert "torchrun --nproc-per-node 2" in bad.stderr
+    assert "Loading weights" not in bad.stderr and not (tmp_path / "bad").exists()
+
+
 def test_check_launch_and_shard():
     config = build_config(overrides={"rollout.prompts_per_step": 6})
     check_launch(config, 1)

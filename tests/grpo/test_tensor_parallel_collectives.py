@@ -303,15 +303,19 @@ hf = LlamaForCausalLM(config)
 model, arch, flavor = build_gpt_model(config, flavor="local", device="cpu", params_dtype=torch.float32,
                                       tensor_parallel_size=tp)
 load_hf_weights(model, hf.state_dict(), arch, flavor, (tp, rank))
-params = list(model.named_parameters())
-mains = [p.detach().clone() for _, p in params]
-decay = [m for (n, _), m in zip(params, mains) if not n.endswith("norm.weight")]
-adam = torch.optim.AdamW([{"params": decay, "wd_mult": 1.0}, {"params": [m for m in mains if all(m is not d for d in decay)], "wd_mult": 0.0}], lr=1e-2)
+# Megatron's grouping (weight decay off for norms), its FP32 main copies group by group, and the torch
+# optimizer over the main copies in the same order (optimizer.py: Float16OptimizerWithFloat16Params)
+named = list(model.named_parameters())
+groups = [[(n, p) for n, p in named if not n.endswith("norm.weight")], [(n, p) for n, p in named if n.endswith("norm.weight")]]
+params = [pair for group in groups for pair in group]
+main_groups = [[p.detach().clone() for _, p in group] for group in groups]
+mains = [m for group in main_groups for m in group]
+adam = torch.optim.AdamW([{"params": main_groups[0], "wd_mult": 1.0}, {"params": main_groups[1], "wd_mult": 0.0}], lr=1e-2)
 
 class Optimizer:  # what tp_checkpoint reads of Float16OptimizerWithFloat16Params
-    float16_groups = [[p for _, p in params]]
-    fp32_from_float16_groups = [mains]
-    fp32_from_fp32_groups = [[]]
+    float16_groups = [[p for _, p in group] for group in groups]
+    fp32_from_float16_groups = main_groups
+    fp32_from_fp32_groups = [[], []]
     optimizer = adam
     def reload_model_params(self):
         for (_, p), m in zip(params, mains):
@@ -320,7 +324,7 @@ class Optimizer:  # what tp_checkpoint reads of Float16OptimizerWithFloat16Param
 backend = types.SimpleNamespace(model=model, tp_group=parallel_state.get_tensor_model_parallel_group(),
     tensor_parallel_size=tp, tensor_parallel_rank=rank, data_parallel_rank=0, use_distributed_optimizer=False,
     flavor=flavor, steps_done=0, _optimizers=lambda: [Optimizer()])
-if mode == "save":
+if mode in ("save", "old-save"):
     for step in range(2):
         for (name, p), m in zip(params, mains):
             gen = torch.Generator().manual_seed(zlib.crc32(f"{name} {step}".encode()))
@@ -331,12 +335,16 @@ if mode == "save":
             for (_, p), m in zip(params, mains):
                 p.copy_(m)
     backend.steps_done = 2
-    state = tp_checkpoint.whole_state(backend)
+    if mode == "save":
+        state = tp_checkpoint.whole_state(backend)
+    else:  # without tensor parallelism: MegatronPolicyBackend.state_dict, Megatron's optimizer state_dict
+        state = {"model": model.state_dict(), "steps_done": 2, "flavor": flavor,
+                 "optimizer": {"optimizer": adam.state_dict(), "fp32_from_fp16_params": main_groups}}
     if rank == 0:
-        torch.save(state, f"{out}/state.pt")
+        torch.save(state, f"{out}/{mode}.pt")
     dist.barrier()
 else:
-    tp_checkpoint.load_whole_state(backend, torch.load(f"{out}/state.pt", weights_only=True))
+    tp_checkpoint.load_whole_state(backend, torch.load(f"{out}/{mode.replace('load', 'save')}.pt", weights_only=True))
 mine = {"steps_done": backend.steps_done, "groups": [g.get("wd_mult") for g in adam.param_groups],
         "tensors": {name: {"param": p.tolist(), "main": m.tolist(),
                            **{k: (v.tolist() if v.dim() else float(v)) for k, v in adam.state[m].items()}}
@@ -351,13 +359,15 @@ def test_a_tensor_parallel_checkpoint_resumes_exactly_and_at_tp_1(tmp_path, torc
     """Two ranks' weights, FP32 main weights and Adam moments (after two steps) saved as whole
     tensors through the pair's gathers, onto rank 0's file: read back by two fresh ranks, each gets
     its own shards bit for bit, Adam's step and the parameter groups' settings; read back by one
-    rank, it gets the whole tensors, which are the pair's shards merged (resharding 2 -> 1)."""
+    rank, it gets the whole tensors, which are the pair's shards merged (resharding 2 -> 1). And a
+    checkpoint written without tensor parallelism (Megatron's own optimizer state_dict: state by
+    parameter index) read by a pair: each rank gets its shards of the one rank's state (1 -> 2)."""
     pytest.importorskip("megatron.core")
     from slime_gb10.grpo.backends.megatron.tensor_parallel import merge
 
     script = tmp_path / "tp_checkpoint.py"
     script.write_text(TP_CHECKPOINT)
-    for ranks, mode in ((2, "save"), (2, "load"), (1, "load")):
+    for ranks, mode in ((2, "save"), (2, "load"), (1, "load"), (1, "old-save"), (2, "old-load")):
         run = torchrun(str(script), str(tmp_path), mode, ranks=ranks, timeout=300)
         assert run.returncode == 0, run.stderr[-4000:]
     saved = [json.loads((tmp_path / f"save-2-{r}.json").read_text()) for r in range(2)]
@@ -371,3 +381,14 @@ def test_a_tensor_parallel_checkpoint_resumes_exactly_and_at_tp_1(tmp_path, torc
         for key in ("param", "main", "exp_avg", "exp_avg_sq"):
             shards = [torch.tensor(s["tensors"][name][key]) for s in saved]
             assert torch.equal(torch.tensor(whole[key]), merge(name, shards)), (name, key)
+    from slime_gb10.grpo.backends.megatron.tensor_parallel import shard
+
+    one = json.loads((tmp_path / "old-save-1-0.json").read_text())
+    for rank in range(2):
+        mine = json.loads((tmp_path / f"old-load-2-{rank}.json").read_text())
+        assert mine["steps_done"] == 2 and mine["groups"] == one["groups"]
+        for name, tensors in one["tensors"].items():
+            assert mine["tensors"][name]["step"] == tensors["step"] == 2.0
+            for key in ("param", "main", "exp_avg", "exp_avg_sq"):
+                want = shard(name, torch.tensor(tensors[key]), 2, rank)
+                assert torch.equal(torch.tensor(mine["tensors"][name][key]), want), (rank, name, key)

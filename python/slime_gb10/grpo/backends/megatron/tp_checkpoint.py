@@ -5,7 +5,8 @@ of Adam's moments. ``whole_state`` gathers them tensor by tensor over the group 
 rank 0 (the other groups hold the same replica) and merges them with :mod:`.tensor_parallel`'s
 layout, onto rank 0's host memory; ``load_whole_state`` takes each rank's shard of them back. So a
 checkpoint does not depend on the tensor-parallel size it was written at: it resumes at any size
-the model splits by, one included (resharding). Its dict (``policy.pt``, read back with
+the model splits by, one included (resharding); one written without tensor parallelism resumes at
+any size too (:func:`from_data_parallel`), unless Megatron's distributed optimizer wrote it. Its dict (``policy.pt``, read back with
 ``weights_only=True``)::
 
     {"format": "megatron-whole", "tensor_parallel_size": written at, "flavor": ..., "steps_done": int,
@@ -102,13 +103,56 @@ def whole_state(backend) -> dict | None:
     }
 
 
-def load_whole_state(backend, state: dict) -> None:
-    """Each rank's shards of a :func:`whole_state` checkpoint into the backend (every rank reads the
-    whole file and keeps its part); a checkpoint of the other format is refused in one line."""
-    if not is_whole_state(state):
+def from_data_parallel(backend, state: dict) -> dict:
+    """A checkpoint written without tensor parallelism (``MegatronPolicyBackend.state_dict``: the
+    GPTModel's ``state_dict`` and Megatron's ``Float16OptimizerWithFloat16Params.state_dict``, i.e.
+    the torch optimizer's state by parameter index and ``fp32_from_fp16_params`` by group; whole
+    tensors already) in :func:`whole_state`'s format, so a run grows into tensor parallelism. The
+    parameters are matched by position: Megatron numbers them group by group in the order of its
+    ``float16_groups``, which the same model builds the same way at any tensor-parallel size."""
+    if "optimizer_parameter_state" in state:
         raise RuntimeError(
-            "checkpoint was written without tensor parallelism; resume it with megatron.tensor_parallel_size=1"
+            "checkpoint was written with megatron.use_distributed_optimizer=true (its shards are flat over the "
+            "data-parallel ranks); resume it with megatron.tensor_parallel_size=1"
         )
+    params = dict(backend.model.named_parameters())
+    model = {name: tensor for name, tensor in state["model"].items() if name in params}  # no TE _extra_state
+    optimizer = state["optimizer"]
+    if optimizer is not None:
+        torch_state, mains = (
+            optimizer["optimizer"],
+            [m for group in optimizer["fp32_from_fp16_params"] for m in group],
+        )
+        order = [index for group in torch_state["param_groups"] for index in group["params"]]
+        names = [name for name, *_ in _trained(backend)]
+        if not len(order) == len(mains) == len(names):
+            raise RuntimeError(
+                f"checkpoint's optimizer holds {len(mains)} parameters, this model trains {len(names)}"
+            )
+        moments = {}
+        for name, index, main in zip(names, order, mains, strict=True):
+            if main.shape != model[name].shape:
+                raise RuntimeError(
+                    f"{name}: checkpoint {tuple(main.shape)} vs model {tuple(model[name].shape)}"
+                )
+            moments[name] = {
+                key: value if value.shape == main.shape else {"scalar": value, "device": "cpu"}  # Adam's step
+                for key, value in torch_state["state"].get(index, {}).items()
+            }
+        settings = [
+            {k: v for k, v in g.items() if k != "params" and _setting(v)} for g in torch_state["param_groups"]
+        ]
+        optimizer = {"main": dict(zip(names, mains, strict=True)), "state": moments, "param_groups": settings}
+    return {"format": FORMAT, "tensor_parallel_size": 1, "flavor": state.get("flavor"),
+            "steps_done": state.get("steps_done", 0), "model": model, "optimizer": optimizer}  # fmt: skip
+
+
+def load_whole_state(backend, state: dict) -> None:
+    """Each rank's shards of a :func:`whole_state` checkpoint (or of one written without tensor
+    parallelism: :func:`from_data_parallel`) into the backend; every rank reads the whole file and
+    keeps its part."""
+    if not is_whole_state(state):
+        state = from_data_parallel(backend, state)
     if backend.use_distributed_optimizer:
         raise RuntimeError(
             f"checkpoint was written with megatron.tensor_parallel_size={state['tensor_parallel_size']} and "
