@@ -141,7 +141,8 @@ assert init_parallel(0, 120, tensor_parallel_size=2) == 1
 config = LlamaConfig(**json.loads(open(sys.argv[1]).read()))
 model, _, _ = build_gpt_model(config, flavor="local", device="cpu", tensor_parallel_size=2)
 rows = {name: {"shape": list(p.shape), "parallel": getattr(p, "tensor_model_parallel", None),
-               "dim": getattr(p, "partition_dim", None), "counted": param_is_not_tensor_parallel_duplicate(p)}
+               "dim": getattr(p, "partition_dim", None), "stride": getattr(p, "partition_stride", None),
+               "counted": param_is_not_tensor_parallel_duplicate(p)}
         for name, p in model.named_parameters()}
 with open(f"{sys.argv[2]}/marks{dist.get_rank()}.json", "w") as f:
     json.dump(rows, f)
@@ -160,7 +161,7 @@ def test_megatron_layers_at_tp_2_hold_the_shards_of_our_layout_and_are_marked_sp
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from slime_gb10.grpo.backends.megatron.mapping import DecoderArch, hf_to_megatron
-    from slime_gb10.grpo.backends.megatron.tensor_parallel import ROW, WHOLE, shard, split_kind
+    from slime_gb10.grpo.backends.megatron.tensor_parallel import GLU, ROW, WHOLE, shard, split_kind
 
     sizes = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=48, vocab_size=64, tie_word_embeddings=False, max_position_embeddings=64)  # fmt: skip
@@ -185,6 +186,7 @@ def test_megatron_layers_at_tp_2_hold_the_shards_of_our_layout_and_are_marked_sp
                     rank,
                     name,
                 )
+                assert row["stride"] == (2 if kind == GLU else 1), (rank, name)  # Megatron's gated fc1: 2
 
 
 # Megatron-core 0.16 moves RoPE's frequency table to ``torch.cuda.current_device()`` at the first
@@ -335,6 +337,8 @@ if mode in ("save", "old-save"):
             for (_, p), m in zip(params, mains):
                 p.copy_(m)
     backend.steps_done = 2
+    for group, lr in zip(adam.param_groups, (0.25, 0.5)):  # settings a load must bring back (fresh: 1e-2)
+        group["lr"] = lr
     if mode == "save":
         state = tp_checkpoint.whole_state(backend)
     else:  # without tensor parallelism: MegatronPolicyBackend.state_dict, Megatron's optimizer state_dict
@@ -345,7 +349,7 @@ if mode in ("save", "old-save"):
     dist.barrier()
 else:
     tp_checkpoint.load_whole_state(backend, torch.load(f"{out}/{mode.replace('load', 'save')}.pt", weights_only=True))
-mine = {"steps_done": backend.steps_done, "groups": [g.get("wd_mult") for g in adam.param_groups],
+mine = {"steps_done": backend.steps_done, "groups": [[g["wd_mult"], g["lr"]] for g in adam.param_groups],
         "tensors": {name: {"param": p.tolist(), "main": m.tolist(),
                            **{k: (v.tolist() if v.dim() else float(v)) for k, v in adam.state[m].items()}}
                     for (name, p), m in zip(params, mains)}}
@@ -375,7 +379,7 @@ def test_a_tensor_parallel_checkpoint_resumes_exactly_and_at_tp_1(tmp_path, torc
     alone = json.loads((tmp_path / "load-1-0.json").read_text())
     for before, after in zip(saved, loaded, strict=True):
         assert after == before  # bit for bit (JSON floats of float32 values round-trip exactly)
-    assert saved[0]["steps_done"] == alone["steps_done"] == 2 and saved[0]["groups"] == alone["groups"]
+    assert saved[0]["steps_done"] == alone["steps_done"] == 2 and alone["groups"] == [[1.0, 0.25], [0.0, 0.5]]
     for name, whole in alone["tensors"].items():
         assert whole["step"] == saved[0]["tensors"][name]["step"] == 2.0
         for key in ("param", "main", "exp_avg", "exp_avg_sq"):
@@ -386,7 +390,7 @@ def test_a_tensor_parallel_checkpoint_resumes_exactly_and_at_tp_1(tmp_path, torc
     one = json.loads((tmp_path / "old-save-1-0.json").read_text())
     for rank in range(2):
         mine = json.loads((tmp_path / f"old-load-2-{rank}.json").read_text())
-        assert mine["steps_done"] == 2 and mine["groups"] == one["groups"]
+        assert mine["steps_done"] == 2 and mine["groups"] == one["groups"] == [[1.0, 0.25], [0.0, 0.5]]
         for name, tensors in one["tensors"].items():
             assert mine["tensors"][name]["step"] == tensors["step"] == 2.0
             for key in ("param", "main", "exp_avg", "exp_avg_sq"):

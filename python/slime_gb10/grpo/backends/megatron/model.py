@@ -226,14 +226,14 @@ def mark_tensor_parallel(model) -> None:
     unmarked, its optimizer takes the shards of every rank but the first for copies of the first's
     and leaves them out of the gradient norm and the clipping (found in review, after a TP=2 run's
     gradient norm came out 22% below TP=1's). The layout is :mod:`.tensor_parallel`'s."""
-    from slime_gb10.grpo.backends.megatron.tensor_parallel import ROW, WHOLE, split_kind
+    from slime_gb10.grpo.backends.megatron.tensor_parallel import GLU, ROW, WHOLE, split_kind
 
     for name, param in model.named_parameters():
         kind = split_kind(name)
         if kind != WHOLE and not getattr(param, "tensor_model_parallel", False):
             param.tensor_model_parallel = True
             param.partition_dim = 1 if kind == ROW else 0
-            param.partition_stride = 1
+            param.partition_stride = 2 if kind == GLU else 1  # [gate_r; up_r]: Megatron's gated fc1 says 2
 
 
 def init_parallel(seed: int = 0, timeout_s: int = 1800, tensor_parallel_size: int = 1) -> int:

@@ -131,13 +131,17 @@ def from_data_parallel(backend, state: dict) -> dict:
             )
         moments = {}
         for name, index, main in zip(names, order, mains, strict=True):
+            if name not in model:
+                raise RuntimeError(f"checkpoint and model disagree: the checkpoint has no {name}")
             if main.shape != model[name].shape:
                 raise RuntimeError(
                     f"{name}: checkpoint {tuple(main.shape)} vs model {tuple(model[name].shape)}"
                 )
-            moments[name] = {
-                key: value if value.shape == main.shape else {"scalar": value, "device": "cpu"}  # Adam's step
-                for key, value in torch_state["state"].get(index, {}).items()
+            moments[name] = {  # Adam's step: a CPU scalar (torch's AdamW, neither fused nor capturable)
+                key: value if value.shape == main.shape else {"scalar": value, "device": "cpu"}
+                for key, value in (
+                    (k, torch.as_tensor(v)) for k, v in torch_state["state"].get(index, {}).items()
+                )
             }
         settings = [
             {k: v for k, v in g.items() if k != "params" and _setting(v)} for g in torch_state["param_groups"]
