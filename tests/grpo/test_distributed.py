@@ -259,7 +259,7 @@ def test_check_launch_and_shard():
     with pytest.raises(LaunchError, match="use --rollout torch"):
         check_launch(sglang, 2)
     megatron = {"rollout.prompts_per_step": 6, "backends.trainer": "megatron"}
-    check_launch(build_config(overrides=megatron), 2)  # Megatron-core's DDP (GPU: test_megatron_dp_gpu)
+    check_launch(build_config(overrides=megatron), 2)  # Megatron-core's DDP (GPU: test_megatron_parallel_gpu)
     with pytest.raises(LaunchError, match=r"megatron\.use_distributed_optimizer=true"):
         check_launch(build_config(overrides={**megatron, "train.sharding": "fsdp"}), 2)
     # Megatron tensor parallelism: its backend, groups that divide the ranks, not with ZeRO-1 (yet)

@@ -7,7 +7,7 @@ TransformerEngine or Apex), as read in megatron-core 0.16's ``optimizer/distrib_
 ``load_state_dict`` puts one shared ``step`` tensor into every parameter's state, and
 ``load_parameter_state_from_dp_zero`` copies the saved ``param``/``exp_avg``/``exp_avg_sq`` into
 every key of that state (``dst_tensors[key].copy_(tensors[key])``), ``step`` included. The whole
-path runs on two GPUs in test_megatron_dp_gpu.py.
+path runs on two GPUs in test_megatron_parallel_gpu.py.
 """
 
 from __future__ import annotations

@@ -175,7 +175,7 @@ def test_the_shards_are_what_megatron_cores_own_split_gives_each_rank(config):
 class TensorParallelPeer:
     """The loop's view of a Megatron backend on rank ``rank`` of a tensor-parallel pair: its
     ``tensor_parallel_samples`` appends the other rank's samples (what the all-gather over the group
-    returns, in rank order; the real exchange runs in test_megatron_tp_gpu.py), and it records the
+    returns, in rank order; the real exchange runs in test_megatron_parallel_gpu.py), and it records the
     micro-batches it is given."""
 
     tensor_parallel_size = 2

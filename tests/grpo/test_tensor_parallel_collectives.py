@@ -3,7 +3,7 @@ backend computes over a tensor-parallel group itself (the vocabulary-parallel lo
 weights, checkpoints of whole tensors) and Megatron-core's own layers at TP=2 against TP=1 (forward,
 backward, the gradient norm as its optimizer counts it, the marks that count it). Megatron's DDP and
 mixed-precision optimizer keep their buffers on CUDA: the step through them, and the whole loop,
-are test_megatron_tp_gpu.py.
+are test_megatron_parallel_gpu.py.
 
 The vocabulary-parallel logprobs: each rank holds half the rows of a float64 head; the logprobs and
 entropy every rank returns, the gradient of the (replicated) hidden states and each rank's gradient
@@ -258,7 +258,7 @@ def test_megatron_tp_2_takes_the_tp_1_forward_and_backward_on_a_cpu(tmp_path, to
     every parameter's gradient (gathered from the pair's shards) and the gradient norm as Megatron's
     optimizer counts it (each split parameter on every rank, a whole one once), for a model with QKV
     biases and an untied head (Qwen2) and one with a tied head (Llama), to float32 rounding. Megatron's
-    DDP and optimizer keep their buffers on CUDA: the step through them is test_megatron_tp_gpu.py."""
+    DDP and optimizer keep their buffers on CUDA: the step through them is test_megatron_parallel_gpu.py."""
     pytest.importorskip("megatron.core")
     script = tmp_path / "tp_step.py"
     script.write_text(TP_STEP)
