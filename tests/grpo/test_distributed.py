@@ -30,6 +30,13 @@ ARGS = [
     "--set", "rollout.prompts_per_step=4",
     "--set", "rollout.group_size=4",
     "--set", "rollout.max_new_tokens=6",
+    # A random model spreads its probability over the whole vocabulary (entropy ~7.9 nats), so the
+    # inverse-CDF boundaries of a draw lie ~1/2700 apart and the float noise of another batch shape
+    # (16 rows on one rank, 8 on each of two) can move a sampled token. Seen in a fresh environment:
+    # weights equal to 1e-7 after step 1, step-2 losses (entropy only) 5e-4 apart, so other samples,
+    # not another gradient; among the 4 most likely tokens the boundaries are far apart, and both
+    # steps agree again (the tests of this file passed with it, in that environment).
+    "--set", "rollout.top_k=4",
     "--set", "train.lr=1e-2",
     # Adam divides each gradient element by its own magnitude: elements whose gradient is float noise
     # (cancelling sums, different order on 1 and 2 ranks) would move by +-lr either way. An eps far
