@@ -139,6 +139,32 @@ def test_reference_model_and_megatron_bytes():
     assert tp1.parts["activations"] / 2 < split.parts["activations"] < tp1.parts["activations"]
 
 
+def test_megatrons_fallback_adamw_steps_with_a_temporary_of_each_second_moment(monkeypatch):
+    """Without TransformerEngine or Apex, Megatron-core steps torch's foreach AdamW, whose update
+    makes a temporary square root of every second moment it steps (4 bytes each) after the
+    activations are freed: a phase of its own. Measured at 7B and TP=2 on H200s (BENCHMARKS.md): the
+    peak was 6.56 GiB above the training step's plan, which this phase adds back (6.57 GiB)."""
+    model = llama(hidden_size=1024, intermediate_size=4096, num_hidden_layers=8)  # 0.1B: the state dominates
+    n = mp.parameter_count(mp.Shapes.from_hf(model))
+    small = {"train.micro_batch_size": 1, "rollout.prompts_per_step": 4, "rollout.group_size": 2,
+             "rollout.max_new_tokens": 8}  # fmt: skip
+    kw = {"device": "cuda", "trainer": "megatron", "world_size": 2}
+    tp2 = config(**small, **{"megatron.tensor_parallel_size": 2})
+    monkeypatch.setattr(mp, "megatron_steps_torch_adamw", lambda: True)
+    plan = mp.estimate(tp2, model, **kw)
+    assert plan.phase == "optimizer step", plan.describe()
+    assert plan.parts["AdamW step temporaries"] == 4 * n // 2 and plan.parts["gradients"] == 4 * n // 2
+    resident = 6 * n // 2 + 8 * n // 2 + plan.parts["rollout weights"] + plan.parts["KV cache"] + mp.GIB // 2
+    assert plan.total == resident + 4 * n // 2 + 4 * n // 2
+    zero1 = config(**small, **{"megatron.use_distributed_optimizer": True})  # each rank steps its shard
+    assert mp.estimate(zero1, model, **kw).parts["AdamW step temporaries"] == 4 * n // 2
+    assert (
+        "AdamW step temporaries" not in mp.estimate(tp2, model, **{**kw, "trainer": "torch"}).parts
+    )  # fused
+    monkeypatch.setattr(mp, "megatron_steps_torch_adamw", lambda: False)  # TE's or Apex's FusedAdam
+    assert mp.estimate(tp2, model, **kw).phase == "training step"
+
+
 def test_a_distributed_optimizers_checkpoint_gathers_onto_rank_0s_host_memory():
     """Megatron's distributed optimizer saves by gathering its FP32 main weights and moments onto rank
     0's host memory: 12 bytes a parameter whatever the world size, beside the 4-byte gradient buffer.

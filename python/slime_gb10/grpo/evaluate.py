@@ -33,6 +33,35 @@ class EvalResult:
     questions: list[dict] = field(default_factory=list)
 
 
+def _held_out_bound(data) -> int | None:
+    """How many held-out prompts there are, where the config alone says (arithmetic, rg:, a split file)."""
+    if data.eval_path:
+        return None
+    if data.task == "arithmetic" or (data.path or "").startswith("rg:"):
+        return data.eval_size
+    from slime_gb10.grpo.data import NAMED_DATASETS
+
+    return None if data.path in NAMED_DATASETS or (data.path or "").startswith("hf:") else data.eval_size
+
+
+def eval_rows(config) -> list[int]:
+    """What :func:`evaluate` decodes at once (for the memory plan): the rows of each ``generate`` call
+    on rank 0, greedy (the prompts of one ``eval.batch_size`` batch) and, with ``eval.k > 1``, sampled
+    (``k`` times as many); [] without eval."""
+    ev = config.eval
+    if not ev.every and not ev.at_end:
+        return []
+    held = _held_out_bound(config.data)
+    if held == 0:
+        return []
+    counts = [c for c in (held, None if ev.at_end else ev.num_prompts) if c]
+    prompts = min(counts) if counts else None
+    batch = ev.batch_size if not prompts else min(prompts, ev.batch_size or prompts)
+    if not batch:  # unknown held-out size, all at once: guess the training batch
+        batch = config.rollout.prompts_per_step
+    return [batch] + ([batch * ev.k] if ev.k > 1 else [])
+
+
 def _generate(
     engine: RolloutEngine, prompts: list[list[int]], params: SamplingParams, batch_size: int | None
 ):

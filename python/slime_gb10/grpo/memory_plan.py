@@ -12,6 +12,7 @@ The estimate mirrors what the PyTorch pair allocates (``backends/torch_backend.p
     resident      = trainer weights + AdamW states (+ reference model)
                     + rollout weights + static KV caches + fixed overhead
     training step = gradients + activations + BF16 weight casts + logprob head
+    optimizer step = gradients + torch AdamW's temporaries (Megatron without TE or Apex)
     rollout       = prefill (+ the KV cache of the dynamic decode path, freed after each call)
 
 Gradients are freed at each train step's start, so they do not coexist with the rollout; the static
@@ -28,6 +29,7 @@ budget, which no estimate's slack can save (a 7B model's training state on one 8
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 import os
@@ -37,6 +39,7 @@ from typing import Any
 import torch
 
 from slime_gb10.grpo.config import ConfigError
+from slime_gb10.grpo.evaluate import eval_rows
 from slime_gb10.platform.host_memory import available, uses_host_memory
 from slime_gb10.utils.errors import first_line
 
@@ -285,34 +288,6 @@ def gib(value: float) -> str:
     return f"{value / GIB:.2f} GiB"
 
 
-def _held_out_bound(data) -> int | None:
-    """How many held-out prompts there are, where the config alone says (arithmetic, rg:, a split file)."""
-    if data.eval_path:
-        return None
-    if data.task == "arithmetic" or (data.path or "").startswith("rg:"):
-        return data.eval_size
-    from slime_gb10.grpo.data import NAMED_DATASETS
-
-    return None if data.path in NAMED_DATASETS or (data.path or "").startswith("hf:") else data.eval_size
-
-
-def eval_rows(config) -> list[int]:
-    """Rows of each evaluation ``generate`` call on rank 0: greedy (the prompts of one
-    ``eval.batch_size`` batch) and, with ``eval.k > 1``, sampled (``k`` times as many); [] without eval."""
-    ev = config.eval
-    if not ev.every and not ev.at_end:
-        return []
-    held = _held_out_bound(config.data)
-    if held == 0:
-        return []
-    counts = [c for c in (held, None if ev.at_end else ev.num_prompts) if c]
-    prompts = min(counts) if counts else None
-    batch = ev.batch_size if not prompts else min(prompts, ev.batch_size or prompts)
-    if not batch:  # unknown held-out size, all at once: guess the training batch
-        batch = config.rollout.prompts_per_step
-    return [batch] + ([batch * ev.k] if ev.k > 1 else [])
-
-
 def estimate(
     config,
     model_config,
@@ -431,7 +406,13 @@ def estimate(
     gather = {"gradients": gradient_bytes(n), "checkpoint gather (rank 0)": 12 * n}
     whole = {"gradients": gradient_bytes(n) // tp, "checkpoint gather (rank 0)": 14 * n}  # TP: + BF16 weights
     saving = (gather if zero1 > 1 else whole if tp > 1 else {}) if host_memory else {}
+    # Megatron without TransformerEngine or Apex steps torch's AdamW (foreach), whose update divides by a
+    # temporary square root of every second moment it steps: 4 bytes each, once the activations are gone
+    # (7B at TP=2 on H200s peaked 6.56 GiB above the training step's plan; this adds 6.57). Ours is fused
+    stepping = {"gradients": training["gradients"], "AdamW step temporaries": 4 * n // zero1 // tp}
+    stepping = stepping if trainer == "megatron" and gpu and megatron_steps_torch_adamw() else {}
     phases = [("training step", training), ("rollout", rolling), ("checkpoint save", saving)]
+    phases.append(("optimizer step", stepping))
     (phase, peak), (_, other) = sorted(phases, key=lambda p: -sum(p[1].values()))[:2]
     parts = {k: v for k, v in {**resident, **peak}.items() if v}
     decode = "SGLang" if rollout == "sglang" else ("static-cache" if static else "dynamic-cache")
@@ -449,6 +430,12 @@ def estimate(
     return Plan(
         parts=parts, params=n, phase=phase, basis=basis, other_phase=other, exact=exact, trainer=trainer
     )
+
+
+def megatron_steps_torch_adamw() -> bool:
+    """Whether Megatron-core falls back to torch's AdamW: neither TransformerEngine's FusedAdam nor
+    Apex's is there (``megatron.core.optimizer``'s imports; found without importing either)."""
+    return not any(importlib.util.find_spec(name) for name in ("transformer_engine", "apex"))
 
 
 # ------------------------------------------------------------------------- the check
