@@ -202,3 +202,78 @@ def test_resume_falls_back_past_a_corrupt_latest(tmp_path, caplog):
     (tmp_path / "checkpoints" / "step-000001" / "trainer.pt").write_bytes(b"")
     with pytest.raises(CheckpointError, match="no readable checkpoint"):
         load_for_resume(tmp_path)
+
+
+def _streaming_run(run_dir, step: int, fail: OSError | None = None):
+    """A one-rank run whose backend writes its state as it gathers it (Megatron's tensor parallelism,
+    which needs CUDA to train: its writer is tested on CPUs in test_tensor_parallel_collectives.py).
+    What it writes is made here by hand, from the index format tp_checkpoint documents."""
+    import json
+    import types
+
+    from safetensors.torch import save_file
+
+    from slime_gb10.grpo.distributed import DistContext
+
+    calls = []
+
+    def write_state(directory):
+        calls.append(directory)
+        if fail is not None:
+            raise fail
+        directory.mkdir()
+        save_file(
+            {"model/w": torch.full((2, 3), float(step)), "main/w": torch.ones(2, 3)}, str(directory / "a")
+        )
+        save_file({"state/w/exp_avg": torch.zeros(2, 3)}, str(directory / "b"))
+        index = {"format": "megatron-whole", "tensor_parallel_size": 2, "flavor": "local", "steps_done": step,
+                 "param_groups": [{"lr": 0.25, "betas": [0.9, 0.99]}],
+                 "tensors": {"model/w": "a", "main/w": "a", "state/w/exp_avg": "b"},
+                 "scalars": {"state/w/step": {"value": 3.0, "dtype": "float32", "device": "cpu"}}}  # fmt: skip
+        (directory / "index.json").write_text(json.dumps(index))
+
+    backend = types.SimpleNamespace(
+        sharded=False, streams_state=True, write_state=write_state, num_parameters=6
+    )
+    run = types.SimpleNamespace(
+        run_dir=run_dir, step=step, _boundary={"step": step, "rng": rng_state()}, backend=backend,
+        dist=DistContext(rank=0, world_size=1, local_rank=0), _last_checkpoint=None,
+        config=types.SimpleNamespace(output=types.SimpleNamespace(keep_checkpoints=2)),
+    )  # fmt: skip
+    return run, calls
+
+
+def test_a_state_written_as_it_is_gathered_is_a_checkpoint_read_a_tensor_at_a_time(tmp_path):
+    """Megatron's tensor parallelism checkpoints through the backend's writer (rank 0's host memory
+    never holds the whole state): into the same atomic directory, skipped when the step is written,
+    pruned alike; read back as data, its tensors when looked up; a write that fails leaves the last
+    good checkpoint and says so in one line; a tampered index is refused."""
+    from slime_gb10.grpo.checkpoint import save
+
+    for step in (1, 2, 3):
+        run, calls = _streaming_run(tmp_path, step)
+        path = save(run)
+        assert calls == [calls[0]] and calls[0].name == "policy_whole" and path == run._last_checkpoint
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [2, 3]
+    run, calls = _streaming_run(tmp_path, 3)
+    assert save(run) == path and calls == []  # written already: not again
+    policy, trainer = load_checkpoint(path)
+    assert trainer["step"] == 3 and policy["steps_done"] == 3 and policy["tensor_parallel_size"] == 2
+    assert torch.equal(policy["model"]["w"], torch.full((2, 3), 3.0)) and list(policy["model"]) == ["w"]
+    optimizer = policy["optimizer"]
+    assert optimizer["param_groups"] == [{"lr": 0.25, "betas": (0.9, 0.99)}]  # a tuple again, as Adam's
+    assert torch.equal(optimizer["main"]["w"], torch.ones(2, 3))
+    assert torch.equal(optimizer["state"]["w"]["exp_avg"], torch.zeros(2, 3))
+    assert optimizer["state"]["w"]["step"]["scalar"].dtype == torch.float32
+    import errno
+
+    run, _ = _streaming_run(tmp_path, 4, fail=OSError(errno.ENOSPC, "No space left on device"))
+    with pytest.raises(
+        CheckpointError, match=r"no space left on device.*last good checkpoint is .*step-000003"
+    ):
+        save(run)
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [2, 3]
+    index = path / "policy_whole" / "index.json"
+    index.write_text(index.read_text().replace('"float32"', '"object"'))
+    with pytest.raises(CheckpointError, match=r"cannot read checkpoint .* dtype 'object'"):
+        load_checkpoint(path)

@@ -308,8 +308,10 @@ def test_a_megatron_run_on_two_gpus_checkpoints_resumes_and_reshards(torchrun, t
     assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [1, 2]
     policy, state = load_checkpoint(out / "checkpoints/step-000002")
     assert state["world_size"] == 2
-    if tp:
+    if tp:  # written by rank 0 a file at a time as the pair gathered it (tp_checkpoint.write_whole_state)
         assert policy["format"] == "megatron-whole" and policy["optimizer"]
+        assert (out / "checkpoints/step-000002/policy_whole/index.json").is_file()
+        assert not (out / "checkpoints/step-000002/policy.pt").exists()
     else:
         assert "optimizer_parameter_state" in policy
     shutil.copytree(out, tmp_path / "alone")

@@ -193,6 +193,31 @@ def test_a_distributed_optimizers_checkpoint_gathers_onto_rank_0s_host_memory():
     assert "checkpoint gather (rank 0)" not in mp.estimate(config(), model, host_memory=True, **kw).parts
 
 
+def test_a_tensor_parallel_checkpoint_of_a_7b_model_holds_a_file_at_a_time_on_rank_0(monkeypatch):
+    """Under tensor parallelism rank 0 gathers whole tensors and writes them a file at a time
+    (tp_checkpoint.write_whole_state): its host memory holds a file's tensors (1 GiB), their
+    serialised copy, and the largest tensor in flight, not 14 bytes a parameter (90 GiB at 7B). By
+    hand for the 7B shape (hidden 3584, vocabulary 49,152, MLP 18,944): the FP32 head 4 x 3584 x
+    49152 = 704,643,072 bytes; 2 x (2^30 + that) + that = 4,261,412,864. So a 7B model at TP=2 fits
+    a GB10's 128 GB while it saves."""
+    monkeypatch.setattr(mp, "megatron_steps_torch_adamw", lambda: False)  # a GB10: TE's FusedAdam
+    seven = transformers.Qwen2Config(
+        hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+        intermediate_size=18944, vocab_size=49152, tie_word_embeddings=False,
+    )  # fmt: skip
+    tp2 = config(**{"megatron.tensor_parallel_size": 2, "rollout.prompts_per_step": 2, "rollout.group_size": 2,
+                    "train.micro_batch_size": 1, "megatron.recompute_granularity": "full"})  # fmt: skip
+    plan = mp.estimate(tp2, seven, device="cuda", trainer="megatron", world_size=2, host_memory=True)
+    assert plan.phase == "checkpoint save", plan.describe()
+    assert plan.parts["checkpoint gather (rank 0)"] == 4_261_412_864
+    at_once = (
+        plan.total
+        - plan.parts["checkpoint gather (rank 0)"]
+        + 14 * mp.parameter_count(mp.Shapes.from_hf(seven))
+    )
+    assert plan.total < 0.9 * 128e9 < at_once  # all of it gathered at once would not fit
+
+
 # ------------------------------------------------------------------- KV cache, decode rows
 def test_static_kv_cache_by_hand():
     # P=4 prompts x G=4 = 16 rows; cache of 256 + 32 = 288 slots rounded up to 320 (multiples of 64)

@@ -286,6 +286,7 @@ def test_megatron_tp_2_takes_the_tp_1_forward_and_backward_on_a_cpu(tmp_path, to
 # FP32 copies, two steps of gradients that are shards of one whole gradient per parameter.
 TP_CHECKPOINT = r"""
 import json, sys, types, zlib
+from pathlib import Path
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
@@ -338,12 +339,16 @@ def run(mode):  # a fresh model and optimizer each time
             group["lr"] = lr
         if mode == "save":
             state = tp_checkpoint.whole_state(backend)
+            tp_checkpoint.CHUNK_BYTES = 4096  # several files for this small model, as a 7B one writes
+            tp_checkpoint.write_whole_state(backend, Path(out, "whole") if rank == 0 else None)
         else:  # without tensor parallelism: MegatronPolicyBackend.state_dict, Megatron's optimizer state_dict
             state = {"model": model.state_dict(), "steps_done": 2, "flavor": flavor,
                      "optimizer": {"optimizer": adam.state_dict(), "fp32_from_fp16_params": main_groups}}
         if rank == 0:
             torch.save(state, f"{out}/{mode}.pt")
         dist.barrier()
+    elif mode == "dir-load":  # what a training run's checkpoint holds, read a tensor at a time
+        tp_checkpoint.load_whole_state(backend, tp_checkpoint.read_whole_state(Path(out, "whole")))
     else:
         tp_checkpoint.load_whole_state(backend, torch.load(f"{out}/{mode.replace('load', 'save')}.pt", weights_only=True))
     mine = {"steps_done": backend.steps_done, "groups": [[g["wd_mult"], g["lr"]] for g in adam.param_groups],
@@ -367,11 +372,12 @@ def test_a_tensor_parallel_checkpoint_resumes_exactly_and_at_tp_1(tmp_path, torc
     checkpoint written without tensor parallelism (Megatron's own optimizer state_dict: state by
     parameter index) read by a pair: each rank gets its shards of the one rank's state (1 -> 2)."""
     pytest.importorskip("megatron.core")
+    from slime_gb10.grpo.backends.megatron import tp_checkpoint
     from slime_gb10.grpo.backends.megatron.tensor_parallel import merge
 
     script = tmp_path / "tp_checkpoint.py"
     script.write_text(TP_CHECKPOINT)
-    for ranks, modes in ((2, "save,load"), (1, "load,old-save"), (2, "old-load")):
+    for ranks, modes in ((2, "save,load,dir-load"), (1, "load,dir-load,old-save"), (2, "old-load")):
         run = torchrun(str(script), str(tmp_path), modes, ranks=ranks, timeout=300)
         assert run.returncode == 0, run.stderr[-4000:]
     saved = [json.loads((tmp_path / f"save-2-{r}.json").read_text()) for r in range(2)]
@@ -379,6 +385,29 @@ def test_a_tensor_parallel_checkpoint_resumes_exactly_and_at_tp_1(tmp_path, torc
     alone = json.loads((tmp_path / "load-1-0.json").read_text())
     for before, after in zip(saved, loaded, strict=True):
         assert after == before  # bit for bit (JSON floats of float32 values round-trip exactly)
+    # the same state written as it was gathered, a few KiB a file, reads back as the same tensors
+    whole = tp_checkpoint.read_whole_state(tmp_path / "whole")
+    in_memory = torch.load(tmp_path / "save.pt", weights_only=True)
+    assert len(list((tmp_path / "whole").glob("part-*.safetensors"))) > 3
+    assert {k: v for k, v in whole.items() if k not in ("model", "optimizer")} == {
+        k: v for k, v in in_memory.items() if k not in ("model", "optimizer")}  # fmt: skip
+    assert set(whole["model"]) == set(in_memory["model"])
+    for name, value in in_memory["model"].items():
+        assert torch.equal(whole["model"][name], value), name
+    assert whole["optimizer"]["param_groups"] == in_memory["optimizer"]["param_groups"]
+    for name, value in in_memory["optimizer"]["main"].items():
+        assert torch.equal(whole["optimizer"]["main"][name], value), name
+        moments, want = whole["optimizer"]["state"][name], in_memory["optimizer"]["state"][name]
+        assert set(moments) == set(want) == {"step", "exp_avg", "exp_avg_sq"}
+        assert torch.equal(moments["step"]["scalar"], want["step"]["scalar"])
+        assert torch.equal(moments["exp_avg"], want["exp_avg"]) and torch.equal(
+            moments["exp_avg_sq"], want["exp_avg_sq"]
+        )
+    for mode in ("load", "dir-load"):  # into two ranks (2 -> 2) and one (2 -> 1)
+        for rank in range(2):
+            assert json.loads((tmp_path / f"{mode}-2-{rank}.json").read_text()) == saved[rank], (mode, rank)
+    assert json.loads((tmp_path / "dir-load-1-0.json").read_text()) == json.loads(
+        (tmp_path / "load-1-0.json").read_text())  # fmt: skip
     assert saved[0]["steps_done"] == alone["steps_done"] == 2 and alone["groups"] == [[1.0, 0.25], [0.0, 0.5]]
     for name, whole in alone["tensors"].items():
         assert whole["step"] == saved[0]["tensors"][name]["step"] == 2.0

@@ -1,7 +1,8 @@
 """Checkpoints of a GRPO run: ``<run>/checkpoints/step-000010/`` written atomically.
 
 Each checkpoint directory holds ``policy.pt`` (model + optimizer + scheduler, from
-``PolicyBackend.state_dict``), ``trainer.pt`` (step, data position, RNG states of python /
+``PolicyBackend.state_dict``; FSDP writes ``policy/`` through DCP, Megatron's tensor parallelism
+``policy_whole/``), ``trainer.pt`` (step, data position, RNG states of python /
 numpy / torch) and ``meta.json``. The directory is built under a temporary name and renamed into
 place (:func:`slime_gb10.utils.atomic.atomic_directory`), so a crash never leaves a half-written
 checkpoint, and the newest complete one is what ``--resume`` finds.
@@ -219,7 +220,17 @@ def load_checkpoint(path: str | Path) -> tuple[dict, dict]:
         except UnsafeCheckpoint as exc:
             raise CheckpointError(f"cannot read checkpoint {exc}") from exc
     states = [{"sharded_checkpoint": str(p)}] if sharded else []
-    for name in ("trainer.pt",) if sharded else ("policy.pt", "trainer.pt"):
+    whole = p / "policy_whole"  # Megatron's tensor parallelism (tp_checkpoint.DIRECTORY)
+    if whole.is_dir():
+        from slime_gb10.grpo.backends.megatron.tp_checkpoint import read_whole_state
+
+        try:
+            states = [read_whole_state(whole)]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CheckpointError(
+                f"cannot read checkpoint '{whole}' as data: {first_line(exc)[:300]}"
+            ) from exc
+    for name in ("trainer.pt",) if states else ("policy.pt", "trainer.pt"):
         try:
             # mmap: a rank reads only the pages it uses (every rank loads the checkpoint; under
             # Megatron's distributed optimizer only rank 0 reads the gathered optimizer shards). A
@@ -314,6 +325,8 @@ def save(run, reason: str = "periodic", prune: bool = True) -> Path:
         state["rank_rng"] = run.dist.gather(boundary["rng"])
     if getattr(run.backend, "sharded", False):  # train.sharding=fsdp: every rank writes its shards
         path = _save_sharded(run, state, reason=reason, prune=prune)
+    elif getattr(run.backend, "streams_state", False):  # Megatron TP: rank 0 writes as the ranks gather
+        path = _save_streamed(run, state, reason=reason, prune=prune)
     else:
         path = checkpoint_path(run.run_dir, run.step)  # where rank 0 writes it
         # Megatron's distributed optimizer gathers its shards onto rank 0: every rank takes part
@@ -349,6 +362,37 @@ def _save_sharded(run, state: dict, *, reason: str, prune: bool) -> Path:
         raise _write_failure(target, exc, _tensor_bytes(policy), Path(run.run_dir)) from exc
     if run.dist.is_main:
         _prune(others, run.config.output.keep_checkpoints if prune else 1 << 30)
+    run.dist.barrier()
+    return target
+
+
+def _save_streamed(run, state: dict, *, reason: str, prune: bool) -> Path:
+    """:func:`save` of a backend that writes its state as it gathers it (``write_state``: Megatron's
+    tensor parallelism, ``policy_whole/``), with :func:`save_checkpoint`'s skip, atomic directory,
+    failure message and pruning. Every rank takes part; rank 0 writes. A failure on rank 0 ends its
+    process, and torchrun the others."""
+    target = checkpoint_path(run.run_dir, run.step)
+    if run.dist.gather(_already_written(target, run.step))[0]:  # rank 0 decides for all
+        return target
+    if not run.dist.is_main:
+        run.backend.write_state(None)
+        run.dist.barrier()
+        return target
+    from slime_gb10.grpo.backends.megatron.tp_checkpoint import DIRECTORY
+
+    others = _others(Path(run.run_dir), target)
+    try:
+        with atomic_directory(target) as tmp:
+            run.backend.write_state(tmp / DIRECTORY)
+            torch.save(state, tmp / "trainer.pt")
+            (tmp / "meta.json").write_text(
+                json.dumps({"step": run.step, "reason": reason, "time": time.time()}, indent=1),
+                encoding="utf-8",
+            )
+    except (OSError, RuntimeError) as exc:
+        needed = 14 * run.backend.num_parameters  # about: whole BF16 and FP32 weights, two moments
+        raise _write_failure(target, exc, needed, Path(run.run_dir)) from exc
+    _prune(others, run.config.output.keep_checkpoints if prune else 1 << 30)
     run.dist.barrier()
     return target
 

@@ -404,7 +404,9 @@ def estimate(
     # rank 0's host memory (12 N, whatever the world size) beside the gradient buffer; on a GB10 that
     # memory is the GPU's
     gather = {"gradients": gradient_bytes(n), "checkpoint gather (rank 0)": 12 * n}
-    whole = {"gradients": gradient_bytes(n) // tp, "checkpoint gather (rank 0)": 14 * n}  # TP: + BF16 weights
+    # tensor parallelism: whole tensors gathered onto rank 0 and written a file at a time (tp_checkpoint),
+    # the file's tensors and their serialised bytes, and the largest tensor in flight, FP32
+    whole = {"gradients": gradient_bytes(n) // tp, "checkpoint gather (rank 0)": min(14 * n, _streamed_save(s))}
     saving = (gather if zero1 > 1 else whole if tp > 1 else {}) if host_memory else {}
     # Megatron without TransformerEngine or Apex steps torch's AdamW (foreach), whose update divides by a
     # temporary square root of every second moment it steps: 4 bytes each, once the activations are gone
@@ -430,6 +432,13 @@ def estimate(
     return Plan(
         parts=parts, params=n, phase=phase, basis=basis, other_phase=other, exact=exact, trainer=trainer
     )
+
+
+def _streamed_save(s: Shapes) -> int:
+    from slime_gb10.grpo.backends.megatron.tp_checkpoint import CHUNK_BYTES
+
+    largest = 4 * s.hidden * max(s.vocab, 2 * s.intermediate)  # the embedding or head, or the fused MLP input
+    return 2 * (CHUNK_BYTES + largest) + largest
 
 
 def megatron_steps_torch_adamw() -> bool:

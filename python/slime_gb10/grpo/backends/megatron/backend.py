@@ -267,6 +267,18 @@ class MegatronPolicyBackend(PolicyBackend):
         return WeightStream(named, bucket_bytes=bucket_bytes, transfer_dtype=self.transfer_dtype)
 
     @property
+    def streams_state(self) -> bool:
+        """A checkpoint is written by :meth:`write_state` (tensor parallelism), not from ``state_dict``."""
+        return self.tp_group is not None
+
+    def write_state(self, directory) -> None:
+        """:func:`.tp_checkpoint.write_whole_state`: a collective; rank 0 passes the directory to
+        create, the other ranks None."""
+        from slime_gb10.grpo.backends.megatron.tp_checkpoint import write_whole_state
+
+        write_whole_state(self, directory)
+
+    @property
     def collective_state(self) -> bool:
         """``state_dict`` and ``load_state_dict`` are collectives (every rank calls them; rank 0
         alone writes what ``state_dict`` returns there): the distributed optimizer's shards, or

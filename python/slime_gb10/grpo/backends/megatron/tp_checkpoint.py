@@ -6,8 +6,13 @@ rank 0 (the other groups hold the same replica) and merges them with :mod:`.tens
 layout, onto rank 0's host memory; ``load_whole_state`` takes each rank's shard of them back. So a
 checkpoint does not depend on the tensor-parallel size it was written at: it resumes at any size
 the model splits by, one included (resharding); one written without tensor parallelism resumes at
-any size too (:func:`from_data_parallel`), unless Megatron's distributed optimizer wrote it. Its dict (``policy.pt``, read back with
-``weights_only=True``)::
+any size too (:func:`from_data_parallel`), unless Megatron's distributed optimizer wrote it.
+
+A training run's checkpoint holds it as ``policy_whole/`` (:func:`write_whole_state`): safetensors
+files written while the gathers go on, so rank 0 never holds the whole state (on a GB10 its host
+memory is the GPU's: 14 bytes a parameter would be 90 GiB at 7B), and ``index.json``.
+:func:`whole_state` returns it in memory, as this dict (:func:`read_whole_state` reads the directory
+back as the same dict, its tensors read when looked up)::
 
     {"format": "megatron-whole", "tensor_parallel_size": written at, "flavor": ..., "steps_done": int,
      "model": {megatron_name: whole BF16 weight},
@@ -24,7 +29,10 @@ buffers, which this format does not read: the launch refuses the two together (`
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -32,6 +40,11 @@ from slime_gb10.grpo.backends.megatron.model import megatron_state
 from slime_gb10.grpo.backends.megatron.tensor_parallel import GatheredState, shard
 
 FORMAT = "megatron-whole"
+#: The directory :func:`write_whole_state` writes in a checkpoint, and its index.
+DIRECTORY, INDEX = "policy_whole", "index.json"
+#: About how many bytes of whole tensors rank 0 holds before it writes them to a file.
+CHUNK_BYTES = 1 << 30
+_SCALAR_DTYPES = ("float32", "float64", "int64", "int32")
 _SETTINGS = (bool, int, float, str, type(None))
 
 
@@ -59,11 +72,27 @@ def _setting(value) -> bool:
     )
 
 
-def whole_state(backend) -> dict | None:
-    """The backend's state with every tensor whole, on rank 0 (None elsewhere). A collective over
-    the tensor-parallel group of data-parallel rank 0; the other groups return at once."""
-    if backend.data_parallel_rank != 0:
-        return None
+def _started(backend) -> bool:
+    return any(inner.state for *_, inner in _trained(backend))  # Adam's state appears at the first update
+
+
+def _header(backend) -> dict:
+    groups = [g for o in backend._optimizers() for g in o.optimizer.param_groups]
+    settings = [{k: v for k, v in g.items() if k != "params" and _setting(v)} for g in groups]
+    return {
+        "format": FORMAT,
+        "tensor_parallel_size": backend.tensor_parallel_size,
+        "flavor": backend.flavor,
+        "steps_done": backend.steps_done,
+        "param_groups": settings if _started(backend) else None,
+    }
+
+
+def _stream(backend) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """``(key, value)`` for every tensor of the state, whole, one at a time: ``("model", name)`` the
+    BF16 weight, ``("main", name)`` its FP32 main weight, ``("state", name, key)`` Adam's moments
+    (or its step, ``{"scalar": tensor, "device": type}``). A collective over the tensor-parallel
+    group; the values are CPU copies on global rank 0, None elsewhere."""
     keep = torch.distributed.get_rank() == 0
     group = backend.tp_group
 
@@ -71,36 +100,151 @@ def whole_state(backend) -> dict | None:
         gathered = GatheredState({name: tensor}, group)[name]
         return gathered.to("cpu", copy=True) if keep else None
 
-    model = {name: whole(name, p) for name, p in megatron_state(backend.model).items()}
-    optimizer = None
-    if any(inner.state for *_, inner in _trained(backend)):  # Adam's state appears at the first update
-        main, moments = {}, {}
-        for name, _, master, inner in _trained(backend):
-            main[name] = whole(name, master)
-            entry = {}
-            for key, value in inner.state.get(master, {}).items():
-                if torch.is_tensor(value) and value.shape == master.shape:
-                    entry[key] = whole(name, value)
-                else:  # Adam's step count: the same on every rank
-                    tensor = torch.as_tensor(value)
-                    entry[key] = {
-                        "scalar": tensor.detach().to("cpu", copy=True),
-                        "device": tensor.device.type,
-                    }
-            moments[name] = entry
-        groups = [g for o in backend._optimizers() for g in o.optimizer.param_groups]
-        settings = [{k: v for k, v in g.items() if k != "params" and _setting(v)} for g in groups]
-        optimizer = {"main": main, "state": moments, "param_groups": settings}
-    if not keep:
+    for name, param in megatron_state(backend.model).items():
+        yield ("model", name), whole(name, param)
+    if not _started(backend):
+        return
+    for name, _, master, inner in _trained(backend):
+        yield ("main", name), whole(name, master)
+        for key, value in inner.state.get(master, {}).items():
+            if torch.is_tensor(value) and value.shape == master.shape:
+                yield ("state", name, key), whole(name, value)
+            else:  # Adam's step count: the same on every rank
+                tensor = torch.as_tensor(value)
+                yield ("state", name, key), {"scalar": tensor.detach().to("cpu", copy=True),
+                                             "device": tensor.device.type}  # fmt: skip
+
+
+def whole_state(backend) -> dict | None:
+    """The backend's state with every tensor whole, on rank 0 (None elsewhere): all of it in host
+    memory at once (14 bytes a parameter; :func:`write_whole_state` writes it a part at a time). A
+    collective over the tensor-parallel group of data-parallel rank 0; the other groups return at once."""
+    if backend.data_parallel_rank != 0:
         return None
-    return {
-        "format": FORMAT,
-        "tensor_parallel_size": backend.tensor_parallel_size,
-        "flavor": backend.flavor,
-        "steps_done": backend.steps_done,
-        "model": model,
-        "optimizer": optimizer,
-    }
+    header = _header(backend)
+    settings = header.pop("param_groups")
+    state = {**header, "model": {}, "optimizer": None}
+    if settings is not None:
+        state["optimizer"] = {"main": {}, "state": {}, "param_groups": settings}
+    for key, value in _stream(backend):
+        if key[0] == "model":
+            state["model"][key[1]] = value
+        elif key[0] == "main":
+            state["optimizer"]["main"][key[1]] = value
+            state["optimizer"]["state"][key[1]] = {}
+        else:
+            state["optimizer"]["state"][key[1]][key[2]] = value
+    return state if torch.distributed.get_rank() == 0 else None
+
+
+# ------------------------------------------------------------------ a checkpoint written as it gathers
+def write_whole_state(backend, directory: Path | None) -> None:
+    """:func:`whole_state` into ``directory`` (global rank 0; None on the other ranks, which take
+    part in the gathers), without holding it: rank 0 writes the tensors as they arrive, into
+    safetensors files of about :data:`CHUNK_BYTES`, and the rest (sizes, Adam's steps, the optimizer's
+    settings, which file holds which tensor) into ``index.json``. Rank 0's host memory holds one
+    file's tensors and their bytes (on a GB10, memory the GPU shares), not the whole model's 14
+    bytes a parameter. :func:`read_whole_state` reads it back."""
+    if backend.data_parallel_rank != 0:
+        return
+    header = _header(backend)
+    if directory is None:
+        for _ in _stream(backend):
+            pass
+        return
+    from safetensors.torch import save_file
+
+    directory.mkdir()
+    chunk, size, files, tensors, scalars = {}, 0, [], {}, {}
+
+    def flush() -> None:
+        nonlocal chunk, size
+        if chunk:
+            files.append(f"part-{len(files):05d}.safetensors")
+            save_file(chunk, str(directory / files[-1]))
+            chunk, size = {}, 0
+
+    for key, value in _stream(backend):
+        flat = "/".join(key)
+        if isinstance(value, dict):
+            scalar = value["scalar"]
+            scalars[flat] = {"value": scalar.item(), "dtype": str(scalar.dtype).removeprefix("torch."),
+                             "device": value["device"]}  # fmt: skip
+            continue
+        nbytes = value.numel() * value.element_size()
+        if size and size + nbytes > CHUNK_BYTES:
+            flush()
+        chunk[flat] = value.contiguous()
+        size += nbytes
+        tensors[flat] = len(files)  # the file it goes into: the next one written
+    flush()
+    index = {**header, "tensors": {flat: files[i] for flat, i in tensors.items()}, "scalars": scalars}
+    (directory / INDEX).write_text(json.dumps(index, indent=0), encoding="utf-8")
+
+
+class _Lazy(Mapping):
+    """Entries of a written state: a ``(file, key)`` is read from its safetensors file when looked
+    up (one whole tensor at a time: each rank keeps its shard and drops it), anything else is the value."""
+
+    def __init__(self, directory: Path, entries: dict):
+        self.directory, self.entries = directory, entries
+
+    def __getitem__(self, name: str):
+        entry = self.entries[name]
+        if not isinstance(entry, tuple):
+            return entry
+        from safetensors import safe_open
+
+        file, key = entry
+        try:
+            with safe_open(str(self.directory / file), framework="pt") as f:
+                return f.get_tensor(key)
+        except Exception as exc:  # a missing or damaged file: SafetensorError, OSError
+            raise RuntimeError(f"cannot read {key} from {self.directory / file}: {exc}") from exc
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+def read_whole_state(directory: Path) -> dict:
+    """What :func:`write_whole_state` wrote, as :func:`whole_state`'s dict whose tensors are read when
+    looked up (:func:`load_whole_state` takes them one at a time). Data only: JSON and safetensors.
+    ValueError when the index is not one this module writes."""
+    index = json.loads((directory / INDEX).read_text(encoding="utf-8"))
+    if (
+        not isinstance(index, dict)
+        or index.get("format") != FORMAT
+        or not isinstance(index.get("tensors"), dict)
+    ):
+        raise ValueError(f"{directory / INDEX} is not the index of a tensor-parallel checkpoint")
+    parts: dict[str, dict] = {"model": {}, "main": {}, "state": {}}
+    for flat, file in index["tensors"].items():
+        kind, _, rest = str(flat).partition("/")
+        if kind not in parts or not isinstance(file, str) or "/" in file or not rest:
+            raise ValueError(f"{directory / INDEX}: unexpected entry {flat!r}: {file!r}")
+        parts[kind][rest] = (file, flat)
+    moments: dict[str, dict] = {name: {} for name in parts["main"]}
+    for rest, entry in parts["state"].items():
+        name, _, key = rest.rpartition("/")
+        moments.setdefault(name, {})[key] = entry
+    for flat, scalar in index.get("scalars", {}).items():
+        name, _, key = str(flat).removeprefix("state/").rpartition("/")
+        if scalar.get("dtype") not in _SCALAR_DTYPES:
+            raise ValueError(f"{directory / INDEX}: {flat} has dtype {scalar.get('dtype')!r}")
+        value = torch.tensor(scalar["value"], dtype=getattr(torch, scalar["dtype"]))
+        moments.setdefault(name, {})[key] = {"scalar": value, "device": str(scalar.get("device", "cpu"))}
+    settings = index.get("param_groups")
+    optimizer = None
+    if settings is not None:  # JSON lists were the settings' tuples (Adam's betas)
+        groups = [{k: tuple(v) if isinstance(v, list) else v for k, v in g.items()} for g in settings]
+        optimizer = {"main": _Lazy(directory, parts["main"]), "param_groups": groups,
+                     "state": {name: _Lazy(directory, entries) for name, entries in moments.items()}}  # fmt: skip
+    return {"format": FORMAT, "tensor_parallel_size": index.get("tensor_parallel_size"),
+            "flavor": index.get("flavor"), "steps_done": int(index.get("steps_done", 0)),
+            "model": _Lazy(directory, parts["model"]), "optimizer": optimizer}  # fmt: skip
 
 
 def from_data_parallel(backend, state: dict) -> dict:
