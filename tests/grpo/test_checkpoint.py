@@ -217,10 +217,10 @@ def _streaming_run(run_dir, step: int, fail: OSError | None = None):
 
     calls = []
 
-    def write_state(directory):
+    def write_state(directory):  # returns what failed, once its part of the gathers is done
         calls.append(directory)
-        if fail is not None:
-            raise fail
+        if fail is not None or directory is None:
+            return fail
         directory.mkdir()
         save_file(
             {"model/w": torch.full((2, 3), float(step)), "main/w": torch.ones(2, 3)}, str(directory / "a")
@@ -231,6 +231,7 @@ def _streaming_run(run_dir, step: int, fail: OSError | None = None):
                  "tensors": {"model/w": "a", "main/w": "a", "state/w/exp_avg": "b"},
                  "scalars": {"state/w/step": {"value": 3.0, "dtype": "float32", "device": "cpu"}}}  # fmt: skip
         (directory / "index.json").write_text(json.dumps(index))
+        return None
 
     backend = types.SimpleNamespace(
         sharded=False, streams_state=True, write_state=write_state, num_parameters=6
@@ -273,7 +274,87 @@ def test_a_state_written_as_it_is_gathered_is_a_checkpoint_read_a_tensor_at_a_ti
     ):
         save(run)
     assert [s for s, _ in list_checkpoints(tmp_path)] == [2, 3]
-    index = path / "policy_whole" / "index.json"
-    index.write_text(index.read_text().replace('"float32"', '"object"'))
-    with pytest.raises(CheckpointError, match=r"cannot read checkpoint .* dtype 'object'"):
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        lambda d: (d / "index.json").write_text((d / "index.json").read_text().replace('"float32"', '"object"')),
+        lambda d: (d / "b").unlink(),  # a part lost: refused when read, before any weight is touched
+        lambda d: (d / "b").write_bytes((d / "b").read_bytes()[:40]),  # a part cut short
+        lambda d: (d / "index.json").write_text((d / "index.json").read_text().replace('"steps_done": 3', '"steps_done": 1e400')),
+        lambda d: (d / "index.json").write_text((d / "index.json").read_text().replace('"b"', '"../b"')),
+        lambda d: (d / "index.json").write_text((d / "index.json").read_text().replace('"lr": 0.25', '"lr": {"x": 1}')),
+        lambda d: (d / "index.json").write_text("[" * 100000 + "]" * 100000),
+    ],
+    ids=["dtype", "missing-part", "truncated-part", "huge-step", "path", "setting", "nesting"],
+)  # fmt: skip
+def test_a_tampered_state_written_as_it_was_gathered_is_a_one_line_refusal(tmp_path, tamper):
+    from slime_gb10.grpo.checkpoint import save
+
+    run, _ = _streaming_run(tmp_path, 3)
+    path = save(run)
+    tamper(path / "policy_whole")
+    with pytest.raises(
+        CheckpointError, match=r"^cannot read checkpoint '.*policy_whole' as data: .+"
+    ) as info:
         load_checkpoint(path)
+    assert "\n" not in str(info.value)
+
+
+STREAMED_SAVE_ON_TWO_RANKS = r"""
+import sys, types, torch, torch.distributed as dist
+from pathlib import Path
+from slime_gb10.grpo.checkpoint import CheckpointError, rng_state, save
+from slime_gb10.grpo.distributed import DistContext
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+out, mode = Path(sys.argv[1]), sys.argv[2]
+
+def write_state(directory):  # the gathers every rank takes part in, then rank 0's write
+    for _ in range(5):
+        dist.all_reduce(torch.ones(1))
+    if directory is None:
+        return None
+    if mode == "full":
+        return OSError(28, "No space left on device")
+    directory.mkdir()
+    (directory / "index.json").write_text("{}")
+    return None
+
+run_dir = out / mode
+if mode == "unwritable" and rank == 0:  # the checkpoint directory cannot be made
+    run_dir.mkdir(parents=True)
+    (run_dir / "checkpoints").write_text("a file where the checkpoints go")
+dist.barrier()
+run = types.SimpleNamespace(
+    run_dir=run_dir, step=1, _boundary={"step": 1, "rng": rng_state()}, _last_checkpoint=None,
+    backend=types.SimpleNamespace(sharded=False, streams_state=True, write_state=write_state, num_parameters=10),
+    dist=DistContext(rank=rank, world_size=2, local_rank=rank, timeout_s=60),
+    config=types.SimpleNamespace(output=types.SimpleNamespace(keep_checkpoints=2)))
+try:
+    save(run)
+    result = "saved"
+except CheckpointError as exc:
+    result = str(exc)
+(out / f"{mode}-{rank}.txt").write_text(result)
+dist.destroy_process_group()
+"""
+
+
+def test_a_failed_streamed_save_is_an_error_on_every_rank_not_a_hang(tmp_path, torchrun):
+    """Rank 0 writes while every rank gathers: when its write fails (a full disk, a directory it
+    cannot make) it still takes its part in every gather, then tells the others, and every rank
+    raises the same one-line CheckpointError; nothing is left behind. Under gloo, on two ranks."""
+    script = tmp_path / "streamed.py"
+    script.write_text(STREAMED_SAVE_ON_TWO_RANKS)
+    for mode in ("ok", "full", "unwritable"):
+        run = torchrun(str(script), str(tmp_path), mode, ranks=2, timeout=120)
+        assert run.returncode == 0, run.stderr[-3000:]
+    assert [(tmp_path / f"ok-{r}.txt").read_text() for r in range(2)] == ["saved", "saved"]
+    assert (tmp_path / "ok/checkpoints/step-000001/policy_whole/index.json").is_file()
+    for mode, cause in (("full", "no space left on device"), ("unwritable", "cannot write checkpoint")):
+        errors = [(tmp_path / f"{mode}-{r}.txt").read_text() for r in range(2)]
+        assert errors[0] == errors[1] and cause in errors[0] and "\n" not in errors[0], errors
+    assert list_checkpoints(tmp_path / "full") == []

@@ -195,10 +195,11 @@ def test_a_distributed_optimizers_checkpoint_gathers_onto_rank_0s_host_memory():
 
 def test_a_tensor_parallel_checkpoint_of_a_7b_model_holds_a_file_at_a_time_on_rank_0(monkeypatch):
     """Under tensor parallelism rank 0 gathers whole tensors and writes them a file at a time
-    (tp_checkpoint.write_whole_state): its host memory holds a file's tensors (1 GiB), their
-    serialised copy, and the largest tensor in flight, not 14 bytes a parameter (90 GiB at 7B). By
-    hand for the 7B shape (hidden 3584, vocabulary 49,152, MLP 18,944): the FP32 head 4 x 3584 x
-    49152 = 704,643,072 bytes; 2 x (2^30 + that) + that = 4,261,412,864. So a 7B model at TP=2 fits
+    (tp_checkpoint.write_whole_state): its host memory holds a file's tensors (1 GiB, or one larger
+    tensor), their serialised copy, the tensor on its way, and on a GB10 its gathered shards and
+    merged copy: 2 max(2^30, L) + 3 L, not 14 bytes a parameter (90 GiB at 7B). By hand for the 7B
+    shape with SmolLM2's vocabulary (hidden 3584, vocabulary 49,152, MLP 18,944): L, the FP32 head,
+    4 x 3584 x 49152 = 704,643,072 bytes; 2 x 2^30 + 3 L = 4,261,412,864. So a 7B model at TP=2 fits
     a GB10's 128 GB while it saves."""
     monkeypatch.setattr(mp, "megatron_steps_torch_adamw", lambda: False)  # a GB10: TE's FusedAdam
     seven = transformers.Qwen2Config(
@@ -210,6 +211,11 @@ def test_a_tensor_parallel_checkpoint_of_a_7b_model_holds_a_file_at_a_time_on_ra
     plan = mp.estimate(tp2, seven, device="cuda", trainer="megatron", world_size=2, host_memory=True)
     assert plan.phase == "checkpoint save", plan.describe()
     assert plan.parts["checkpoint gather (rank 0)"] == 4_261_412_864
+    # Qwen2.5-7B's own vocabulary, 152,064: its FP32 head, 4 x 3584 x 152064 = 2,179,989,504 bytes,
+    # is more than a file's gigabyte and goes alone: 5 x 2,179,989,504 = 10,899,947,520
+    big = mp.estimate(tp2, transformers.Qwen2Config(**{**seven.to_dict(), "vocab_size": 152064}),
+                      device="cuda", trainer="megatron", world_size=2, host_memory=True)  # fmt: skip
+    assert big.parts["checkpoint gather (rank 0)"] == 10_899_947_520
     at_once = (
         plan.total
         - plan.parts["checkpoint gather (rank 0)"]

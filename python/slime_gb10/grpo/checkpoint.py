@@ -226,7 +226,7 @@ def load_checkpoint(path: str | Path) -> tuple[dict, dict]:
 
         try:
             states = [read_whole_state(whole)]
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        except Exception as exc:  # JSON's, safetensors' and the format's own: all one line
             raise CheckpointError(
                 f"cannot read checkpoint '{whole}' as data: {first_line(exc)[:300]}"
             ) from exc
@@ -369,31 +369,39 @@ def _save_sharded(run, state: dict, *, reason: str, prune: bool) -> Path:
 def _save_streamed(run, state: dict, *, reason: str, prune: bool) -> Path:
     """:func:`save` of a backend that writes its state as it gathers it (``write_state``: Megatron's
     tensor parallelism, ``policy_whole/``), with :func:`save_checkpoint`'s skip, atomic directory,
-    failure message and pruning. Every rank takes part; rank 0 writes. A failure on rank 0 ends its
-    process, and torchrun the others."""
+    failure message and pruning. Every rank takes part in the gathers whatever happens on rank 0,
+    which writes, then tells the others how it went: a failure is a CheckpointError on every rank."""
     target = checkpoint_path(run.run_dir, run.step)
     if run.dist.gather(_already_written(target, run.step))[0]:  # rank 0 decides for all
         return target
-    if not run.dist.is_main:
-        run.backend.write_state(None)
-        run.dist.barrier()
-        return target
-    from slime_gb10.grpo.backends.megatron.tp_checkpoint import DIRECTORY
+    failure = None
+    if run.dist.is_main:
+        from slime_gb10.grpo.backends.megatron.tp_checkpoint import DIRECTORY
 
-    others = _others(Path(run.run_dir), target)
-    try:
-        with atomic_directory(target) as tmp:
-            run.backend.write_state(tmp / DIRECTORY)
-            torch.save(state, tmp / "trainer.pt")
-            (tmp / "meta.json").write_text(
-                json.dumps({"step": run.step, "reason": reason, "time": time.time()}, indent=1),
-                encoding="utf-8",
-            )
-    except (OSError, RuntimeError) as exc:
-        needed = 14 * run.backend.num_parameters  # about: whole BF16 and FP32 weights, two moments
-        raise _write_failure(target, exc, needed, Path(run.run_dir)) from exc
-    _prune(others, run.config.output.keep_checkpoints if prune else 1 << 30)
-    run.dist.barrier()
+        others, gathered = _others(Path(run.run_dir), target), False
+        try:
+            with atomic_directory(target) as tmp:
+                gathered = True
+                written = run.backend.write_state(tmp / DIRECTORY)
+                if written is not None:
+                    raise written
+                torch.save(state, tmp / "trainer.pt")
+                (tmp / "meta.json").write_text(
+                    json.dumps({"step": run.step, "reason": reason, "time": time.time()}, indent=1),
+                    encoding="utf-8",
+                )
+        except Exception as exc:  # OSError, safetensors' errors: one line on every rank
+            if not gathered:  # the directory could not be made: still this rank's part of the gathers
+                run.backend.write_state(None)
+            needed = 14 * run.backend.num_parameters  # about: whole BF16 and FP32 weights, two moments
+            failure = str(_write_failure(target, exc, needed, Path(run.run_dir)))
+        else:
+            _prune(others, run.config.output.keep_checkpoints if prune else 1 << 30)
+    else:
+        run.backend.write_state(None)
+    failure = run.dist.gather(failure)[0]
+    if failure is not None:
+        raise CheckpointError(failure)
     return target
 
 
@@ -419,7 +427,7 @@ def restore(run, resumed: tuple[Path, dict, dict]) -> None:
         run.sampler.load_state_dict(trainer_state["sampler"])
         ranks = trainer_state.get("rank_rng") or [trainer_state["rng"]]
         set_rng_state(ranks[run.dist.rank] if run.dist.rank < len(ranks) else ranks[0])
-    except (KeyError, ValueError, RuntimeError, TypeError) as exc:
+    except (KeyError, ValueError, RuntimeError, TypeError, IndexError) as exc:
         raise CheckpointError(f"checkpoint '{path}' does not fit this run: {first_line(exc)}") from exc
     run.step = int(trainer_state["step"])
     run._last_checkpoint = path

@@ -29,7 +29,6 @@ budget, which no estimate's slack can save (a 7B model's training state on one 8
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import math
 import os
@@ -404,9 +403,11 @@ def estimate(
     # rank 0's host memory (12 N, whatever the world size) beside the gradient buffer; on a GB10 that
     # memory is the GPU's
     gather = {"gradients": gradient_bytes(n), "checkpoint gather (rank 0)": 12 * n}
-    # tensor parallelism: whole tensors gathered onto rank 0 and written a file at a time (tp_checkpoint),
-    # the file's tensors and their serialised bytes, and the largest tensor in flight, FP32
-    whole = {"gradients": gradient_bytes(n) // tp, "checkpoint gather (rank 0)": min(14 * n, _streamed_save(s))}
+    # tensor parallelism: whole tensors gathered onto rank 0 and written a file at a time (tp_checkpoint)
+    whole = {
+        "gradients": gradient_bytes(n) // tp,
+        "checkpoint gather (rank 0)": min(14 * n, _streamed_save(s)),
+    }
     saving = (gather if zero1 > 1 else whole if tp > 1 else {}) if host_memory else {}
     # Megatron without TransformerEngine or Apex steps torch's AdamW (foreach), whose update divides by a
     # temporary square root of every second moment it steps: 4 bytes each, once the activations are gone
@@ -437,14 +438,20 @@ def estimate(
 def _streamed_save(s: Shapes) -> int:
     from slime_gb10.grpo.backends.megatron.tp_checkpoint import CHUNK_BYTES
 
+    # a file's tensors (at most CHUNK_BYTES, or one larger tensor alone) and their serialised copy, the
+    # tensor on its way to the host, and on a GB10 its gathered shards and merged copy on the GPU
     largest = 4 * s.hidden * max(s.vocab, 2 * s.intermediate)  # the embedding or head, or the fused MLP input
-    return 2 * (CHUNK_BYTES + largest) + largest
+    return 2 * max(CHUNK_BYTES, largest) + 3 * largest
 
 
 def megatron_steps_torch_adamw() -> bool:
-    """Whether Megatron-core falls back to torch's AdamW: neither TransformerEngine's FusedAdam nor
-    Apex's is there (``megatron.core.optimizer``'s imports; found without importing either)."""
-    return not any(importlib.util.find_spec(name) for name in ("transformer_engine", "apex"))
+    """Whether Megatron-core falls back to torch's AdamW (neither TransformerEngine's FusedAdam nor
+    Apex's imports): its own flag, read by importing its optimizer module as the backend will."""
+    try:
+        from megatron.core import optimizer
+    except Exception:  # no Megatron to run: nothing to plan for it
+        return False
+    return bool(getattr(optimizer, "USING_PYTORCH_OPTIMIZER", False))
 
 
 # ------------------------------------------------------------------------- the check

@@ -66,6 +66,10 @@ def _trained(backend) -> Iterator[tuple[str, torch.Tensor, torch.Tensor, torch.o
                 yield names[id(param)], param, main, optimizer.optimizer
 
 
+def _kind(value) -> type:
+    return float if isinstance(value, (int, float)) and not isinstance(value, bool) else type(value)
+
+
 def _setting(value) -> bool:
     return isinstance(value, _SETTINGS) or (
         isinstance(value, tuple) and all(isinstance(v, _SETTINGS) for v in value)
@@ -138,33 +142,43 @@ def whole_state(backend) -> dict | None:
 
 
 # ------------------------------------------------------------------ a checkpoint written as it gathers
-def write_whole_state(backend, directory: Path | None) -> None:
+def write_whole_state(backend, directory: Path | None) -> BaseException | None:
     """:func:`whole_state` into ``directory`` (global rank 0; None on the other ranks, which take
     part in the gathers), without holding it: rank 0 writes the tensors as they arrive, into
     safetensors files of about :data:`CHUNK_BYTES`, and the rest (sizes, Adam's steps, the optimizer's
     settings, which file holds which tensor) into ``index.json``. Rank 0's host memory holds one
     file's tensors and their bytes (on a GB10, memory the GPU shares), not the whole model's 14
-    bytes a parameter. :func:`read_whole_state` reads it back."""
-    if backend.data_parallel_rank != 0:
-        return
-    header = _header(backend)
-    if directory is None:
-        for _ in _stream(backend):
-            pass
-        return
-    from safetensors.torch import save_file
+    bytes a parameter. :func:`read_whole_state` reads it back.
 
-    directory.mkdir()
+    A write that fails (a full disk) is returned, not raised, once every gather is done: rank 0 keeps
+    taking part in them, so its peers are never left waiting in one (the caller tells them)."""
+    if backend.data_parallel_rank != 0:
+        return None
+    header = _header(backend)
     chunk, size, files, tensors, scalars = {}, 0, [], {}, {}
+    failure: BaseException | None = None
+
+    def write(step) -> None:
+        nonlocal failure
+        if failure is None and directory is not None:
+            try:
+                step()
+            except Exception as exc:  # OSError, safetensors' own errors
+                failure = exc
 
     def flush() -> None:
         nonlocal chunk, size
         if chunk:
+            from safetensors.torch import save_file
+
             files.append(f"part-{len(files):05d}.safetensors")
-            save_file(chunk, str(directory / files[-1]))
+            write(lambda: save_file(chunk, str(directory / files[-1])))
             chunk, size = {}, 0
 
+    write(directory.mkdir if directory is not None else lambda: None)
     for key, value in _stream(backend):
+        if directory is None or failure is not None:
+            continue  # this rank's part of the gathers only
         flat = "/".join(key)
         if isinstance(value, dict):
             scalar = value["scalar"]
@@ -178,8 +192,10 @@ def write_whole_state(backend, directory: Path | None) -> None:
         size += nbytes
         tensors[flat] = len(files)  # the file it goes into: the next one written
     flush()
-    index = {**header, "tensors": {flat: files[i] for flat, i in tensors.items()}, "scalars": scalars}
-    (directory / INDEX).write_text(json.dumps(index, indent=0), encoding="utf-8")
+    if directory is not None and failure is None:
+        index = {**header, "tensors": {flat: files[i] for flat, i in tensors.items()}, "scalars": scalars}
+        write(lambda: (directory / INDEX).write_text(json.dumps(index, indent=0), encoding="utf-8"))
+    return failure
 
 
 class _Lazy(Mapping):
@@ -223,9 +239,16 @@ def read_whole_state(directory: Path) -> dict:
     parts: dict[str, dict] = {"model": {}, "main": {}, "state": {}}
     for flat, file in index["tensors"].items():
         kind, _, rest = str(flat).partition("/")
-        if kind not in parts or not isinstance(file, str) or "/" in file or not rest:
+        if kind not in parts or not isinstance(file, str) or Path(file).name != file or file in (".", ".."):
             raise ValueError(f"{directory / INDEX}: unexpected entry {flat!r}: {file!r}")
         parts[kind][rest] = (file, flat)
+    from safetensors import safe_open
+
+    for file in sorted(set(index["tensors"].values())):  # every file there and whole: its header, now
+        with safe_open(str(directory / file), framework="pt") as f:
+            missing = {flat for flat, where in index["tensors"].items() if where == file} - set(f.keys())
+        if missing:
+            raise ValueError(f"{directory / file} lacks {sorted(missing)[:3]}")
     moments: dict[str, dict] = {name: {} for name in parts["main"]}
     for rest, entry in parts["state"].items():
         name, _, key = rest.rpartition("/")
@@ -238,8 +261,13 @@ def read_whole_state(directory: Path) -> dict:
         moments.setdefault(name, {})[key] = {"scalar": value, "device": str(scalar.get("device", "cpu"))}
     settings = index.get("param_groups")
     optimizer = None
-    if settings is not None:  # JSON lists were the settings' tuples (Adam's betas)
-        groups = [{k: tuple(v) if isinstance(v, list) else v for k, v in g.items()} for g in settings]
+    if settings is not None:  # JSON lists were the settings' tuples (Adam's betas); never "params"
+        groups = [
+            {k: tuple(v) if isinstance(v, list) else v for k, v in g.items() if k != "params"}
+            for g in settings
+        ]
+        if not all(_setting(v) for g in groups for v in g.values()):
+            raise ValueError(f"{directory / INDEX}: an optimizer setting is not a number, string or tuple")
         optimizer = {"main": _Lazy(directory, parts["main"]), "param_groups": groups,
                      "state": {name: _Lazy(directory, entries) for name, entries in moments.items()}}  # fmt: skip
     return {"format": FORMAT, "tensor_parallel_size": index.get("tensor_parallel_size"),
@@ -338,5 +366,12 @@ def load_whole_state(backend, state: dict) -> None:
                 }
             groups = [g for o in backend._optimizers() for g in o.optimizer.param_groups]
             for group, saved in zip(groups, optimizer["param_groups"], strict=True):
-                group.update(saved)
+                # the settings this optimizer has (another torch may name others), each of its kind
+                known = {key: value for key, value in saved.items() if key in group and key != "params"}
+                for key, value in known.items():
+                    if _kind(value) != _kind(group[key]):
+                        raise RuntimeError(
+                            f"checkpoint's optimizer setting {key}={value!r} does not fit this run"
+                        )
+                group.update(known)
     backend.steps_done = int(state["steps_done"])
