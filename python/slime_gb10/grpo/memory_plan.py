@@ -406,7 +406,7 @@ def estimate(
     # tensor parallelism: whole tensors gathered onto rank 0 and written a file at a time (tp_checkpoint)
     whole = {
         "gradients": gradient_bytes(n) // tp,
-        "checkpoint gather (rank 0)": min(14 * n, _streamed_save(s)),
+        "checkpoint gather (rank 0)": min(14 * n, _streamed(s)),
     }
     saving = (gather if zero1 > 1 else whole if tp > 1 else {}) if host_memory else {}
     # Megatron without TransformerEngine or Apex steps torch's AdamW (foreach), whose update divides by a
@@ -435,13 +435,10 @@ def estimate(
     )
 
 
-def _streamed_save(s: Shapes) -> int:
-    from slime_gb10.grpo.backends.megatron.tp_checkpoint import CHUNK_BYTES
+def _streamed(s: Shapes) -> int:
+    from slime_gb10.grpo.backends.megatron.tp_checkpoint import host_bytes_while_writing
 
-    # a file's tensors (at most CHUNK_BYTES, or one larger tensor alone) and their serialised copy, the
-    # tensor on its way to the host, and on a GB10 its gathered shards and merged copy on the GPU
-    largest = 4 * s.hidden * max(s.vocab, 2 * s.intermediate)  # the embedding or head, or the fused MLP input
-    return 2 * max(CHUNK_BYTES, largest) + 3 * largest
+    return host_bytes_while_writing(s.hidden, s.vocab, s.intermediate)
 
 
 def megatron_steps_torch_adamw() -> bool:

@@ -198,6 +198,15 @@ def write_whole_state(backend, directory: Path | None) -> BaseException | None:
     return failure
 
 
+def host_bytes_while_writing(hidden: int, vocab: int, intermediate: int) -> int:
+    """Rank 0's memory while :func:`write_whole_state` runs, at most: a file's tensors (about
+    :data:`CHUNK_BYTES`, or one larger tensor alone) and their serialised copy, the tensor on its way
+    to the host, and (on a GB10, the same memory) its gathered shards and merged copy on the GPU;
+    the largest tensor ``L`` is an FP32 embedding or head, or the fused MLP input: 2 max(file, L) + 3 L."""
+    largest = 4 * hidden * max(vocab, 2 * intermediate)
+    return 2 * max(CHUNK_BYTES, largest) + 3 * largest
+
+
 class _Lazy(Mapping):
     """Entries of a written state: a ``(file, key)`` is read from its safetensors file when looked
     up (one whole tensor at a time: each rank keeps its shard and drops it), anything else is the value."""
