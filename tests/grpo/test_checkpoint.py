@@ -339,6 +339,7 @@ try:
 except CheckpointError as exc:
     result = str(exc)
 (out / f"{mode}-{rank}.txt").write_text(result)
+dist.barrier()  # both done before either closes its gloo pairs (test_tensor_parallel_collectives.py)
 dist.destroy_process_group()
 """
 

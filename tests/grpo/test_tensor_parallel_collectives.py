@@ -10,6 +10,11 @@ entropy every rank returns, the gradient of the (replicated) hidden states and e
 of its own rows are compared with a float64 reference computed here from the whole ``[N, V]``
 logits by ``torch.log_softmax`` (an independent implementation), at a temperature, with vocabulary
 chunks that do not divide a rank's rows, and targets on both ranks.
+
+Each script ends with a barrier before it destroys its process group: once (a clean-clone CI run,
+session 33) rank 1 of the gathered-state script aborted at its end ("terminate called without an
+active exception", SIGABRT) after rank 0 had gone, the mark of a gloo pair closed while its peer was
+still reading.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ weights = torch.tensor(spec["weights"], dtype=torch.float64)
 with open(f"{sys.argv[2]}/rank{rank}.json", "w") as f:
     json.dump({"logprobs": logprobs.tolist(), "entropy": entropy.tolist(), "grad_hidden": hidden.grad.tolist(),
                "grad_rows": mine.grad.tolist()}, f)
+dist.barrier()  # both ranks done reading before either closes its gloo pairs (see the module note)
 dist.destroy_process_group()
 """
 
@@ -95,6 +101,7 @@ mine = {name: shard(name, tensor, 2, rank).clone() for name, tensor in whole.ite
 read = GatheredState(mine, dist.group.WORLD)
 with open(f"{sys.argv[2]}/gathered{rank}.json", "w") as f:
     json.dump({"order": list(read), "tensors": {name: read[name].tolist() for name in read}}, f)
+dist.barrier()  # both ranks done reading before either closes its gloo pairs (see the module note)
 dist.destroy_process_group()
 """
 
@@ -146,6 +153,7 @@ rows = {name: {"shape": list(p.shape), "parallel": getattr(p, "tensor_model_para
         for name, p in model.named_parameters()}
 with open(f"{sys.argv[2]}/marks{dist.get_rank()}.json", "w") as f:
     json.dump(rows, f)
+dist.barrier()  # both ranks done reading before either closes its gloo pairs (see the module note)
 dist.destroy_process_group()
 """
 
@@ -248,6 +256,7 @@ for name, cls, config in [
 if rank == 0:
     with open(f"{sys.argv[1]}/tp{tp}.json", "w") as f:
         json.dump(out, f)
+dist.barrier()  # both ranks done reading before either closes its gloo pairs (see the module note)
 dist.destroy_process_group()
 """
 
@@ -360,6 +369,7 @@ def run(mode):  # a fresh model and optimizer each time
 
 for mode in sys.argv[2].split(","):
     run(mode)
+dist.barrier()  # both ranks done reading before either closes its gloo pairs (see the module note)
 dist.destroy_process_group()
 """
 
