@@ -11,10 +11,12 @@ of its own rows are compared with a float64 reference computed here from the who
 logits by ``torch.log_softmax`` (an independent implementation), at a temperature, with vocabulary
 chunks that do not divide a rank's rows, and targets on both ranks.
 
-Each script ends with a barrier before it destroys its process group: once (a clean-clone CI run,
-session 33) rank 1 of the gathered-state script aborted at its end ("terminate called without an
-active exception", SIGABRT) after rank 0 had gone, the mark of a gloo pair closed while its peer was
-still reading.
+Each script ends with ``os._exit(0)`` once its files are written and its process group destroyed:
+a group still referenced from Python (``GatheredState``'s, Megatron's ``parallel_state``) is freed
+at interpreter finalization, where torch 2.13's gloo aborts now and then ("terminate called without
+an active exception", SIGABRT, after "destroyed" was printed). Measured here on the gathered-state
+script: 1 run in 12 aborted as it was; 0 in 24 with its reference dropped before the destroy. Two
+clean-clone CI runs of session 33 failed on it.
 """
 
 from __future__ import annotations
@@ -46,8 +48,10 @@ weights = torch.tensor(spec["weights"], dtype=torch.float64)
 with open(f"{sys.argv[2]}/rank{rank}.json", "w") as f:
     json.dump({"logprobs": logprobs.tolist(), "entropy": entropy.tolist(), "grad_hidden": hidden.grad.tolist(),
                "grad_rows": mine.grad.tolist()}, f)
-dist.barrier()  # both ranks done reading before either closes its gloo pairs (see the module note)
+dist.barrier()
 dist.destroy_process_group()
+import os
+os._exit(0)  # no interpreter finalization (the module note)
 """
 
 
@@ -101,8 +105,10 @@ mine = {name: shard(name, tensor, 2, rank).clone() for name, tensor in whole.ite
 read = GatheredState(mine, dist.group.WORLD)
 with open(f"{sys.argv[2]}/gathered{rank}.json", "w") as f:
     json.dump({"order": list(read), "tensors": {name: read[name].tolist() for name in read}}, f)
-dist.barrier()  # both ranks done reading before either closes its gloo pairs (see the module note)
+dist.barrier()
 dist.destroy_process_group()
+import os
+os._exit(0)  # no interpreter finalization (the module note)
 """
 
 
@@ -153,8 +159,10 @@ rows = {name: {"shape": list(p.shape), "parallel": getattr(p, "tensor_model_para
         for name, p in model.named_parameters()}
 with open(f"{sys.argv[2]}/marks{dist.get_rank()}.json", "w") as f:
     json.dump(rows, f)
-dist.barrier()  # both ranks done reading before either closes its gloo pairs (see the module note)
+dist.barrier()
 dist.destroy_process_group()
+import os
+os._exit(0)  # no interpreter finalization (the module note)
 """
 
 
@@ -256,8 +264,10 @@ for name, cls, config in [
 if rank == 0:
     with open(f"{sys.argv[1]}/tp{tp}.json", "w") as f:
         json.dump(out, f)
-dist.barrier()  # both ranks done reading before either closes its gloo pairs (see the module note)
+dist.barrier()
 dist.destroy_process_group()
+import os
+os._exit(0)  # no interpreter finalization (the module note)
 """
 
 
@@ -369,8 +379,10 @@ def run(mode):  # a fresh model and optimizer each time
 
 for mode in sys.argv[2].split(","):
     run(mode)
-dist.barrier()  # both ranks done reading before either closes its gloo pairs (see the module note)
+dist.barrier()
 dist.destroy_process_group()
+import os
+os._exit(0)  # no interpreter finalization (the module note)
 """
 
 
