@@ -73,3 +73,16 @@ def test_a_resumed_distributed_optimizer_counts_each_parameters_steps_apart():
     assert [float(standin.optimizer.state[p]["step"]) for p in resumed] == [2.0, 2.0, 2.0]
     for a, b in zip(params, resumed, strict=True):
         assert torch.equal(a.detach(), b.detach())
+
+
+def test_the_backends_streamed_write_hands_back_what_failed(monkeypatch, tmp_path):
+    """checkpoint._save_streamed learns of a failed write (a full disk) only from ``write_state``'s
+    return value (the writer returns it once its gathers are done, never raises): the backend must
+    pass it on, else a checkpoint without its tensors would be completed and called good."""
+    from slime_gb10.grpo.backends.megatron import tp_checkpoint
+    from slime_gb10.grpo.backends.megatron.backend import MegatronPolicyBackend
+
+    failure = OSError(28, "No space left on device")
+    seen = []
+    monkeypatch.setattr(tp_checkpoint, "write_whole_state", lambda backend, d: seen.append(d) or failure)
+    assert MegatronPolicyBackend.write_state(object(), tmp_path / "w") is failure and seen == [tmp_path / "w"]

@@ -271,12 +271,12 @@ class MegatronPolicyBackend(PolicyBackend):
         """A checkpoint is written by :meth:`write_state` (tensor parallelism), not from ``state_dict``."""
         return self.tp_group is not None
 
-    def write_state(self, directory) -> None:
+    def write_state(self, directory) -> BaseException | None:
         """:func:`.tp_checkpoint.write_whole_state`: a collective; rank 0 passes the directory to
-        create, the other ranks None."""
+        create, the other ranks None. Returns what failed to be written (after every gather), or None."""
         from slime_gb10.grpo.backends.megatron.tp_checkpoint import write_whole_state
 
-        write_whole_state(self, directory)
+        return write_whole_state(self, directory)
 
     @property
     def collective_state(self) -> bool:
