@@ -26,7 +26,16 @@ import json
 import pytest
 import torch
 
-SCRIPT = r"""
+# How every script here ends, once its files are written (the module note says why os._exit)
+TEARDOWN = """
+dist.barrier()
+dist.destroy_process_group()
+import os
+os._exit(0)
+"""
+
+SCRIPT = (
+    r"""
 import json, sys
 import pytest
 import torch
@@ -48,11 +57,9 @@ weights = torch.tensor(spec["weights"], dtype=torch.float64)
 with open(f"{sys.argv[2]}/rank{rank}.json", "w") as f:
     json.dump({"logprobs": logprobs.tolist(), "entropy": entropy.tolist(), "grad_hidden": hidden.grad.tolist(),
                "grad_rows": mine.grad.tolist()}, f)
-dist.barrier()
-dist.destroy_process_group()
-import os
-os._exit(0)  # no interpreter finalization (the module note)
 """
+    + TEARDOWN
+)
 
 
 def test_a_vocabulary_parallel_head_gives_the_whole_heads_logprobs_entropy_and_gradients(tmp_path, torchrun):
@@ -91,7 +98,8 @@ def test_a_vocabulary_parallel_head_gives_the_whole_heads_logprobs_entropy_and_g
         close(out["grad_rows"], ref_head.grad[rank * 5 : (rank + 1) * 5])
 
 
-GATHER = r"""
+GATHER = (
+    r"""
 import json, sys
 import pytest
 import torch
@@ -105,11 +113,9 @@ mine = {name: shard(name, tensor, 2, rank).clone() for name, tensor in whole.ite
 read = GatheredState(mine, dist.group.WORLD)
 with open(f"{sys.argv[2]}/gathered{rank}.json", "w") as f:
     json.dump({"order": list(read), "tensors": {name: read[name].tolist() for name in read}}, f)
-dist.barrier()
-dist.destroy_process_group()
-import os
-os._exit(0)  # no interpreter finalization (the module note)
 """
+    + TEARDOWN
+)
 
 
 def test_gathered_state_reads_every_split_kind_whole_on_every_rank(tmp_path, torchrun):
@@ -140,7 +146,8 @@ def test_gathered_state_reads_every_split_kind_whole_on_every_rank(tmp_path, tor
             assert torch.equal(torch.tensor(out["tensors"][name], dtype=torch.float64), tensor), (rank, name)
 
 
-MARKS = r"""
+MARKS = (
+    r"""
 import json, sys
 import pytest
 import torch
@@ -159,11 +166,9 @@ rows = {name: {"shape": list(p.shape), "parallel": getattr(p, "tensor_model_para
         for name, p in model.named_parameters()}
 with open(f"{sys.argv[2]}/marks{dist.get_rank()}.json", "w") as f:
     json.dump(rows, f)
-dist.barrier()
-dist.destroy_process_group()
-import os
-os._exit(0)  # no interpreter finalization (the module note)
 """
+    + TEARDOWN
+)
 
 
 def test_megatron_layers_at_tp_2_hold_the_shards_of_our_layout_and_are_marked_split(tmp_path, torchrun):
@@ -208,7 +213,8 @@ def test_megatron_layers_at_tp_2_hold_the_shards_of_our_layout_and_are_marked_sp
 # Megatron-core 0.16 moves RoPE's frequency table to ``torch.cuda.current_device()`` at the first
 # forward and forks a CUDA RNG stream around attention dropout (0 here); no CUDA exists on a CPU, so
 # the table stays where it is and nothing forks. Everything computed is Megatron's own layers.
-TP_STEP = r"""
+TP_STEP = (
+    r"""
 import contextlib, json, sys
 import torch
 import torch.distributed as dist
@@ -264,11 +270,9 @@ for name, cls, config in [
 if rank == 0:
     with open(f"{sys.argv[1]}/tp{tp}.json", "w") as f:
         json.dump(out, f)
-dist.barrier()
-dist.destroy_process_group()
-import os
-os._exit(0)  # no interpreter finalization (the module note)
 """
+    + TEARDOWN
+)
 
 
 def test_megatron_tp_2_takes_the_tp_1_forward_and_backward_on_a_cpu(tmp_path, torchrun):
@@ -303,7 +307,8 @@ def test_megatron_tp_2_takes_the_tp_1_forward_and_backward_on_a_cpu(tmp_path, to
 # its place is taken by the structure tp_checkpoint reads from it (float16_groups, their FP32 main
 # copies, the torch optimizer holding Adam's state, reload_model_params): a real torch AdamW over
 # FP32 copies, two steps of gradients that are shards of one whole gradient per parameter.
-TP_CHECKPOINT = r"""
+TP_CHECKPOINT = (
+    r"""
 import json, sys, types, zlib
 from pathlib import Path
 import torch
@@ -379,11 +384,9 @@ def run(mode):  # a fresh model and optimizer each time
 
 for mode in sys.argv[2].split(","):
     run(mode)
-dist.barrier()
-dist.destroy_process_group()
-import os
-os._exit(0)  # no interpreter finalization (the module note)
 """
+    + TEARDOWN
+)
 
 
 def test_a_tensor_parallel_checkpoint_resumes_exactly_and_at_tp_1(tmp_path, torchrun):

@@ -33,6 +33,10 @@ from slime_gb10.utils.errors import UserError, first_line
 
 log = logging.getLogger(__name__)
 
+#: Where a backend that writes its state as it gathers it (Megatron's tensor parallelism:
+#: ``tp_checkpoint.write_whole_state``) puts it in a checkpoint.
+WHOLE_STATE_DIR = "policy_whole"
+
 CHECKPOINT_DIR = "checkpoints"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
@@ -220,7 +224,7 @@ def load_checkpoint(path: str | Path) -> tuple[dict, dict]:
         except UnsafeCheckpoint as exc:
             raise CheckpointError(f"cannot read checkpoint {exc}") from exc
     states = [{"sharded_checkpoint": str(p)}] if sharded else []
-    whole = p / "policy_whole"  # Megatron's tensor parallelism (tp_checkpoint.DIRECTORY)
+    whole = p / WHOLE_STATE_DIR
     if whole.is_dir():
         from slime_gb10.grpo.backends.megatron.tp_checkpoint import read_whole_state
 
@@ -376,13 +380,11 @@ def _save_streamed(run, state: dict, *, reason: str, prune: bool) -> Path:
         return target
     failure = None
     if run.dist.is_main:
-        from slime_gb10.grpo.backends.megatron.tp_checkpoint import DIRECTORY
-
         others, gathered = _others(Path(run.run_dir), target), False
         try:
             with atomic_directory(target) as tmp:
                 gathered = True
-                written = run.backend.write_state(tmp / DIRECTORY)
+                written = run.backend.write_state(tmp / WHOLE_STATE_DIR)
                 if written is not None:
                     raise written
                 torch.save(state, tmp / "trainer.pt")

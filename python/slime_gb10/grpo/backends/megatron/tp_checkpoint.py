@@ -40,8 +40,8 @@ from slime_gb10.grpo.backends.megatron.model import megatron_state
 from slime_gb10.grpo.backends.megatron.tensor_parallel import GatheredState, shard
 
 FORMAT = "megatron-whole"
-#: The directory :func:`write_whole_state` writes in a checkpoint, and its index.
-DIRECTORY, INDEX = "policy_whole", "index.json"
+#: The index :func:`write_whole_state` writes beside its safetensors files.
+INDEX = "index.json"
 #: About how many bytes of whole tensors rank 0 holds before it writes them to a file.
 CHUNK_BYTES = 1 << 30
 _SCALAR_DTYPES = ("float32", "float64", "int64", "int32")
